@@ -1,0 +1,155 @@
+#pragma once
+/// \file concepts.hpp
+/// The concepts every piece plugs into: Codec, LinearCodec, StatefulCodec,
+/// Transport (and its handles), ExecutionPolicy (execution.hpp), WirePayload (wire.hpp).
+///
+/// A codec instance compresses one tensor (one layer's gradient, or one
+/// flattened vector): per-layer behaviour comes from holding one codec per layer.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/wire.hpp>
+
+namespace gradcomp {
+
+// ---------------------------------------------------------------------------
+// Codecs
+
+/// A gradient codec: `encode` a span of floats into a payload, `decode` a
+/// payload back into a span of the same length, and report the exact number
+/// of bytes the payload takes on the wire (header, indices and scales included).
+template <class C>
+concept Codec = std::movable<C> && requires { typename C::payload_type; } &&
+                wire::WirePayload<typename C::payload_type> &&
+                std::default_initializable<typename C::payload_type> &&
+                requires(C& c, const C& cc, std::span<const float> in, std::span<float> out,
+                         typename C::payload_type& p, const typename C::payload_type& cp) {
+                  { c.encode(in, p) } -> std::same_as<void>;
+                  { cc.decode(cp, out) } -> std::same_as<void>;
+                  { cc.encoded_bytes(cp) } -> std::same_as<std::size_t>;
+                };
+
+/// A codec that can also decode a payload straight into a running sum
+/// (out += decode(p)), saving a buffer in decode-and-sum aggregation.
+template <class C>
+concept DecodeAddCodec = Codec<C> && requires(const C& cc, const typename C::payload_type& cp, std::span<float> out) {
+  { cc.decode_add(cp, out) } -> std::same_as<void>;
+};
+
+/// The opt-in tag of a linear codec: `using codec_concept = linear_codec_tag;`.
+struct linear_codec_tag {};
+
+/// Linearity cannot be checked by a compiler, so a codec opts in, either with
+/// the member alias above or by specialising this variable template to true.
+template <class C>
+inline constexpr bool enable_linear_codec = [] {
+  if constexpr (requires { typename C::codec_concept; })
+    return std::derived_from<typename C::codec_concept, linear_codec_tag>;
+  else
+    return false;
+}();
+
+/// A codec whose compression commutes with summation (GradiVeQ eq. 4):
+/// sum_i encode(g_i) == encode(sum_i g_i), up to an offset the codec knows
+/// (GradiVeQ's mu/N). Payloads are summed in the compressed domain with
+/// `accumulate(into, from)`, and the sum decodes to the sum of the inputs.
+/// Drivers branch on this concept with `if constexpr`.
+template <class C>
+concept LinearCodec = Codec<C> && enable_linear_codec<C> &&
+                      requires(const C& cc, typename C::payload_type& p, const typename C::payload_type& cp) {
+                        { cc.accumulate(p, cp) } -> std::same_as<void>;
+                      };
+
+/// A codec holding per-worker memory (residual, velocity, basis) that can be
+/// saved to bytes and restored exactly: a restored codec continues bit-for-bit.
+/// The bytes use the wire container with the codec-state flag (wire.hpp).
+template <class C>
+concept StatefulCodec = Codec<C> && requires(C& c, const C& cc, std::span<const std::byte> bytes) {
+  { cc.save_state() } -> std::same_as<std::vector<std::byte>>;
+  { c.restore_state(bytes) } -> std::same_as<void>;
+};
+
+/// Numeric check of a LinearCodec's claim (the property tests use it):
+/// returns max_i |decode(sum_k encode_N(x_k)) - decode(encode_1(sum_k x_k))|_i
+/// divided by max(1, max_i |sum_k x_k|_i).
+/// `per_summand` is configured for inputs.size() summands (GradiVeQ subtracts
+/// mu/N from each), `whole` for a single summand; for codecs without an
+/// offset they may be the same object.
+template <LinearCodec C>
+double linearity_defect(C& per_summand, C& whole, std::span<const std::vector<float>> inputs) {
+  if (inputs.empty()) return 0.0;
+  const std::size_t n = inputs.front().size();
+  std::vector<float> sum(n, 0.0f);
+  typename C::payload_type acc, tmp;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].size() != n) throw size_mismatch_error("linearity_defect: input", n, inputs[k].size());
+    for (std::size_t i = 0; i < n; ++i) sum[i] += inputs[k][i];
+    if (k == 0) {
+      per_summand.encode(inputs[k], acc);
+    } else {
+      per_summand.encode(inputs[k], tmp);
+      per_summand.accumulate(acc, tmp);
+    }
+  }
+  std::vector<float> from_sum_of_codes(n), from_code_of_sum(n);
+  per_summand.decode(acc, from_sum_of_codes);
+  whole.encode(sum, tmp);
+  whole.decode(tmp, from_code_of_sum);
+  double worst = 0.0, scale = 1.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(double(from_sum_of_codes[i]) - double(from_code_of_sum[i])));
+    scale = std::max(scale, std::abs(double(sum[i])));
+  }
+  return worst / scale;
+}
+
+// ---------------------------------------------------------------------------
+// Transports
+
+/// A received message: who sent it, with which tag, and its bytes.
+struct message {
+  int source = -1;
+  int tag = 0;
+  std::vector<std::byte> bytes;
+};
+
+/// Receive from whichever peer sends first (parameter servers).
+inline constexpr int any_source = -1;
+
+/// Handle of an asynchronous send: wait() blocks until the buffer is handed
+/// off (and throws transport_error if the peer is gone); test() polls.
+template <class H>
+concept SendHandle = std::movable<H> && requires(H& h) {
+  { h.wait() } -> std::same_as<void>;
+  { h.test() } -> std::same_as<bool>;
+};
+
+/// Handle of an asynchronous receive: wait() returns the message (or throws
+/// transport_error / timeout_error); test() polls without blocking.
+template <class H>
+concept RecvHandle = std::movable<H> && requires(H& h) {
+  { h.wait() } -> std::same_as<message>;
+  { h.test() } -> std::same_as<bool>;
+};
+
+/// Moves byte buffers between `size()` ranks. Messages between one pair of
+/// ranks with the same tag arrive in the order they were sent; receives are
+/// matched in the order they were posted (MPI semantics).
+template <class T>
+concept Transport = requires(T& t, const T& ct, int peer, int tag, std::vector<std::byte>&& buffer) {
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { t.isend(peer, tag, std::move(buffer)) } -> SendHandle;
+  { t.irecv(peer, tag) } -> RecvHandle;
+};
+
+}  // namespace gradcomp

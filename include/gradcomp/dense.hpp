@@ -1,0 +1,63 @@
+#pragma once
+/// \file dense.hpp
+/// dense_codec: the identity codec (uncompressed float32). It is the baseline
+/// every ratio is measured against, and the simplest LinearCodec.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/wire.hpp>
+
+namespace gradcomp {
+
+/// Payload of dense_codec: the floats themselves.
+struct dense_payload {
+  static constexpr wire::codec_id wire_codec = wire::codec_id::dense;
+  std::vector<float> values;
+
+  std::uint64_t element_count() const noexcept { return values.size(); }
+  std::size_t body_size() const noexcept { return values.size() * sizeof(float); }
+  void write_body(wire::writer& w) const { w.put_array<float>(values); }
+  static dense_payload read_body(wire::reader& r, const wire::header& h) {
+    if (h.body_length != h.element_count * sizeof(float))
+      wire::reader::fail(wire::wire_errc::malformed_body, "dense body length is not 4 x element count");
+    return dense_payload{r.get_vector<float>(h.element_count)};
+  }
+};
+
+/// The identity codec. Linear: payloads add element-wise.
+/// Non-finite policy: rejected at encode with non_finite_error.
+template <ExecutionPolicy Policy = execution::seq>
+class dense_codec {
+ public:
+  using payload_type = dense_payload;
+  using codec_concept = linear_codec_tag;
+
+  void encode(std::span<const float> gradient, payload_type& out) const {
+    if (auto bad = find_non_finite(Policy{}, gradient); bad != gradient.size())
+      throw non_finite_error("dense_codec::encode", bad);
+    out.values.assign(gradient.begin(), gradient.end());
+  }
+  void decode(const payload_type& p, std::span<float> out) const {
+    if (out.size() != p.values.size()) throw size_mismatch_error("dense_codec::decode", p.values.size(), out.size());
+    std::copy(p.values.begin(), p.values.end(), out.begin());
+  }
+  void decode_add(const payload_type& p, std::span<float> out) const {
+    if (out.size() != p.values.size())
+      throw size_mismatch_error("dense_codec::decode_add", p.values.size(), out.size());
+    add_into(Policy{}, out, std::span<const float>(p.values));
+  }
+  void accumulate(payload_type& into, const payload_type& from) const {
+    if (into.values.size() != from.values.size())
+      throw size_mismatch_error("dense_codec::accumulate", into.values.size(), from.values.size());
+    add_into(Policy{}, std::span<float>(into.values), std::span<const float>(from.values));
+  }
+  std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+};
+
+}  // namespace gradcomp
