@@ -1,0 +1,22 @@
+#pragma once
+/// \file gradcomp.hpp
+/// Umbrella header: every codec, driver and the in-process transport.
+/// Backend-specific headers (transport/mpi.hpp, system/thrust/...) are
+/// included separately, with their CMake component.
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/dense.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/wire.hpp>
+
+namespace gradcomp {
+
+/// Calls `f.template operator()<P>()` for every payload type the library
+/// defines (the fuzzer and the wire tests iterate over them).
+template <class F>
+void for_each_payload_type(F&& f) {
+  f.template operator()<dense_payload>();
+}
+
+}  // namespace gradcomp
