@@ -1,0 +1,329 @@
+#pragma once
+/// \file transport/mpi.hpp
+/// mpi_transport: a gradcomp::Transport over an MPI communicator the user
+/// passes in (component gradcomp::mpi). The library never calls MPI_Init
+/// unless asked to, through mpi_environment.
+///
+/// - The communicator is duplicated, so gradcomp's tags never meet the
+///   application's own messages, and the duplicate gets MPI_ERRORS_RETURN:
+///   every MPI failure becomes a gradcomp::transport_error carrying the MPI
+///   error string instead of aborting the job.
+/// - isend() moves the buffer into the handle, which keeps it alive until the
+///   send completes (MPI_Isend never sees a dangling pointer).
+/// - irecv() does not know the size in advance: it matches with
+///   MPI_Improbe and receives with MPI_Mrecv, so any message length works.
+///   Matching happens when the handle is first tested or waited; receives
+///   with the same (source, tag) should be waited in posting order.
+/// - wait() polls with a short back-off and throws timeout_error after the
+///   transport's timeout, so a peer that dies or stops mid-collective gives
+///   the survivors an error instead of a hang.
+/// - One thread at a time per mpi_transport (MPI_THREAD_SERIALIZED is
+///   enough); use one transport per thread with MPI_THREAD_MULTIPLE.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+/// Throws transport_error naming the call and MPI's own error string.
+inline void mpi_check(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw transport_error(std::string("gradcomp mpi: ") + call + " failed: " + mpi_error_string(code));
+}
+
+/// Back-off for polling loops: spin briefly, then sleep up to 200 us, so a
+/// waiting rank does not steal a core from the rank it waits for.
+class poll_backoff {
+ public:
+  void pause() {
+    if (++polls_ < 64) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+    if (sleep_us_ < 200) sleep_us_ *= 2;
+  }
+
+ private:
+  int polls_ = 0;
+  int sleep_us_ = 5;
+};
+
+}  // namespace detail
+
+/// Owns MPI_Init_thread / MPI_Finalize for programs that want gradcomp to do it.
+/// Does nothing if MPI is already initialised (and then does not finalise it).
+class mpi_environment {
+ public:
+  mpi_environment(int* argc, char*** argv, int required = MPI_THREAD_SERIALIZED) {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (initialised) return;
+    detail::mpi_check(MPI_Init_thread(argc, argv, required, &provided_), "MPI_Init_thread");
+    owns_ = true;
+    if (provided_ < required) {
+      MPI_Finalize();
+      owns_ = false;
+      throw transport_error("gradcomp mpi: the MPI library provides thread level " + std::to_string(provided_) +
+                            ", below the " + std::to_string(required) + " requested");
+    }
+  }
+  mpi_environment(const mpi_environment&) = delete;
+  mpi_environment& operator=(const mpi_environment&) = delete;
+  ~mpi_environment() {
+    if (owns_) MPI_Finalize();
+  }
+  int thread_level() const noexcept { return provided_; }
+
+ private:
+  bool owns_ = false;
+  int provided_ = MPI_THREAD_MULTIPLE;
+};
+
+/// Options of mpi_transport.
+struct mpi_transport_options {
+  /// How long wait() may block before throwing timeout_error. Zero means forever.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+/// A gradcomp::Transport over a duplicate of an MPI communicator.
+class mpi_transport {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// Handle of a pending MPI_Isend; owns the buffer until completion.
+  class send_handle {
+   public:
+    send_handle() = default;
+    send_handle(send_handle&& other) noexcept { *this = std::move(other); }
+    send_handle& operator=(send_handle&& other) noexcept {
+      if (this != &other) {
+        finish_quietly();
+        state_ = std::move(other.state_);
+      }
+      return *this;
+    }
+    send_handle(const send_handle&) = delete;
+    send_handle& operator=(const send_handle&) = delete;
+    ~send_handle() { finish_quietly(); }
+
+    /// Blocks until the buffer has been handed to MPI (and may be reused).
+    void wait() {
+      if (!state_) return;
+      detail::poll_backoff backoff;
+      while (!test()) {
+        if (state_->timeout.count() > 0 && clock::now() - state_->started > state_->timeout)
+          throw timeout_error("gradcomp mpi: send to rank " + std::to_string(state_->peer) + " (tag " +
+                              std::to_string(state_->tag) + ") did not complete within " +
+                              std::to_string(state_->timeout.count()) + " ms");
+        backoff.pause();
+      }
+    }
+    /// True once the send has completed.
+    bool test() {
+      if (!state_) return true;
+      int done = 0;
+      detail::mpi_check(MPI_Test(&state_->request, &done, MPI_STATUS_IGNORE), "MPI_Test (send)");
+      if (done) state_.reset();
+      return done != 0;
+    }
+
+   private:
+    friend class mpi_transport;
+    struct state {
+      MPI_Request request = MPI_REQUEST_NULL;
+      std::vector<std::byte> buffer;
+      int peer = 0;
+      int tag = 0;
+      clock::time_point started;
+      std::chrono::milliseconds timeout;
+    };
+    void finish_quietly() noexcept {
+      // A send must not be abandoned while MPI still reads its buffer.
+      if (state_) {
+        MPI_Wait(&state_->request, MPI_STATUS_IGNORE);
+        state_.reset();
+      }
+    }
+    std::unique_ptr<state> state_;
+  };
+
+  /// Handle of a pending receive of unknown length (MPI_Improbe + MPI_Mrecv).
+  class recv_handle {
+   public:
+    recv_handle() = default;
+    recv_handle(recv_handle&&) noexcept = default;
+    recv_handle& operator=(recv_handle&&) noexcept = default;
+
+    /// Blocks until the message has arrived and returns it.
+    message wait() {
+      detail::poll_backoff backoff;
+      while (!test()) {
+        if (timeout_.count() > 0 && clock::now() - started_ > timeout_)
+          throw timeout_error("gradcomp mpi: rank " + std::to_string(self_) + " waited " +
+                              std::to_string(timeout_.count()) + " ms for a message from " +
+                              (source_ == MPI_ANY_SOURCE ? std::string("any rank") : "rank " + std::to_string(source_)) +
+                              " with tag " + std::to_string(tag_));
+        backoff.pause();
+      }
+      return std::move(*received_);
+    }
+    /// Polls; true once the message is here (wait() then returns at once).
+    bool test() {
+      if (received_) return true;
+      int found = 0;
+      MPI_Message handle;
+      MPI_Status status;
+      detail::mpi_check(MPI_Improbe(source_, tag_, comm_, &found, &handle, &status), "MPI_Improbe");
+      if (!found) return false;
+      int count = 0;
+      detail::mpi_check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+      message m;
+      m.source = status.MPI_SOURCE;
+      m.tag = status.MPI_TAG;
+      m.bytes.resize(static_cast<std::size_t>(count));
+      detail::mpi_check(MPI_Mrecv(m.bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+      received_ = std::move(m);
+      return true;
+    }
+    /// Waits at most `limit`; empty if nothing arrived.
+    template <class Rep, class Period>
+    std::optional<message> wait_for(std::chrono::duration<Rep, Period> limit) {
+      const auto deadline = clock::now() + limit;
+      detail::poll_backoff backoff;
+      while (!test()) {
+        if (clock::now() >= deadline) return std::nullopt;
+        backoff.pause();
+      }
+      return std::move(*received_);
+    }
+
+   private:
+    friend class mpi_transport;
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int self_ = 0;
+    int source_ = 0;
+    int tag_ = 0;
+    clock::time_point started_;
+    std::chrono::milliseconds timeout_{0};
+    std::optional<message> received_;
+  };
+
+  /// Wraps a duplicate of `comm` (collective over comm: every rank must call it).
+  explicit mpi_transport(MPI_Comm comm = MPI_COMM_WORLD, mpi_transport_options options = {}) : options_(options) {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised)
+      throw transport_error("gradcomp mpi: MPI is not initialised (call MPI_Init or use gradcomp::mpi_environment)");
+    if (comm == MPI_COMM_NULL) throw invalid_argument_error("gradcomp mpi: communicator is MPI_COMM_NULL");
+    detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    detail::mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    detail::mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    int* tag_ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &flag);
+    max_tag_ = (flag && tag_ub) ? *tag_ub : 32767;
+  }
+  mpi_transport(const mpi_transport&) = delete;
+  mpi_transport& operator=(const mpi_transport&) = delete;
+  mpi_transport(mpi_transport&& other) noexcept
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        rank_(other.rank_),
+        size_(other.size_),
+        max_tag_(other.max_tag_),
+        options_(other.options_) {}
+  mpi_transport& operator=(mpi_transport&&) = delete;
+  ~mpi_transport() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// The largest tag this MPI allows (at least 32767).
+  int max_tag() const noexcept { return max_tag_; }
+  MPI_Comm communicator() const noexcept { return comm_; }
+  const mpi_transport_options& options() const noexcept { return options_; }
+
+  /// Starts sending `buffer` to `dest`; the handle owns the buffer until it completes.
+  send_handle isend(int dest, int tag, std::vector<std::byte>&& buffer) {
+    check_peer(dest, "isend");
+    check_tag(tag);
+    if (buffer.size() > static_cast<std::size_t>(INT_MAX))
+      throw invalid_argument_error("gradcomp mpi: message of " + std::to_string(buffer.size()) +
+                                   " bytes exceeds MPI's int count (2 GiB); split it");
+    send_handle h;
+    h.state_ = std::make_unique<send_handle::state>();
+    auto& s = *h.state_;
+    s.buffer = std::move(buffer);
+    s.peer = dest;
+    s.tag = tag;
+    s.started = clock::now();
+    s.timeout = options_.timeout;
+    detail::mpi_check(
+        MPI_Isend(s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_BYTE, dest, tag, comm_, &s.request),
+        "MPI_Isend");
+    return h;
+  }
+
+  /// Starts receiving from `source` (or any_source) with `tag`.
+  recv_handle irecv(int source, int tag) {
+    if (source != any_source) check_peer(source, "irecv");
+    check_tag(tag);
+    recv_handle h;
+    h.comm_ = comm_;
+    h.self_ = rank_;
+    h.source_ = source == any_source ? MPI_ANY_SOURCE : source;
+    h.tag_ = tag;
+    h.started_ = clock::now();
+    h.timeout_ = options_.timeout;
+    return h;
+  }
+
+  /// Blocks until every rank of the communicator has called it.
+  void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+ private:
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_)
+      throw invalid_argument_error(std::string("gradcomp mpi: ") + what + " to rank " + std::to_string(peer) +
+                                   ", communicator has " + std::to_string(size_) + " ranks");
+  }
+  void check_tag(int tag) const {
+    if (tag < 0 || tag > max_tag_)
+      throw invalid_argument_error("gradcomp mpi: tag " + std::to_string(tag) + " outside [0, " +
+                                   std::to_string(max_tag_) + "]");
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int max_tag_ = 32767;
+  mpi_transport_options options_;
+};
+
+static_assert(Transport<mpi_transport>);
+
+}  // namespace gradcomp

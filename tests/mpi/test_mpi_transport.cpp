@@ -1,0 +1,103 @@
+// transport/mpi.hpp under mpirun with 2, 3 and 4 ranks.
+#include <doctest/doctest.h>
+
+#include <gradcomp/transport/mpi.hpp>
+
+#include <cstring>
+#include <numeric>
+
+using namespace gradcomp;
+
+namespace {
+
+std::vector<std::byte> bytes_of(int value, std::size_t length) {
+  std::vector<std::byte> b(length);
+  for (std::size_t i = 0; i < length; ++i) b[i] = static_cast<std::byte>((value * 31 + int(i)) & 0xFF);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("point-to-point round the ring, many lengths") {
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{3} << 20}) {
+    auto recv = t.irecv(prev, 7);
+    auto send = t.isend(next, 7, bytes_of(r, length));
+    message m = recv.wait();
+    send.wait();
+    CHECK(m.source == prev);
+    CHECK(m.tag == 7);
+    CHECK(m.bytes == bytes_of(prev, length));
+  }
+}
+
+TEST_CASE("messages with the same source and tag arrive in order") {
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<mpi_transport::send_handle> sends;
+  for (int k = 0; k < 10; ++k) sends.push_back(t.isend(next, 3, bytes_of(k, 16)));
+  for (int k = 0; k < 10; ++k) CHECK(t.irecv(prev, 3).wait().bytes == bytes_of(k, 16));
+  for (auto& s : sends) s.wait();
+}
+
+TEST_CASE("any_source gathers one message from every other rank") {
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  if (r == 0) {
+    std::vector<int> seen(n, 0);
+    for (int k = 1; k < n; ++k) {
+      message m = t.irecv(any_source, 11).wait();
+      REQUIRE(m.source > 0);
+      REQUIRE(m.source < n);
+      CHECK(m.bytes == bytes_of(m.source, 64));
+      ++seen[m.source];
+    }
+    CHECK(std::accumulate(seen.begin(), seen.end(), 0) == n - 1);
+    for (int k = 1; k < n; ++k) CHECK(seen[k] == 1);
+  } else {
+    t.isend(0, 11, bytes_of(r, 64)).wait();
+  }
+  t.barrier();
+}
+
+TEST_CASE("a peer that never sends gives a timeout_error, not a hang") {
+  mpi_transport_options options;
+  options.timeout = std::chrono::milliseconds(200);
+  mpi_transport t(MPI_COMM_WORLD, options);
+  auto h = t.irecv((t.rank() + 1) % t.size(), 99);
+  CHECK_THROWS_AS(h.wait(), timeout_error);
+  auto h2 = t.irecv(any_source, 98);
+  CHECK_FALSE(h2.wait_for(std::chrono::milliseconds(20)).has_value());
+  t.barrier();
+}
+
+TEST_CASE("bad ranks and tags are typed errors") {
+  mpi_transport t(MPI_COMM_WORLD);
+  CHECK_THROWS_AS(t.isend(t.size(), 0, {}), invalid_argument_error);
+  CHECK_THROWS_AS(t.isend(-2, 0, {}), invalid_argument_error);
+  CHECK_THROWS_AS(t.irecv(t.size() + 3, 0), invalid_argument_error);
+  CHECK_THROWS_AS(t.isend(0, -1, {}), invalid_argument_error);
+  CHECK_THROWS_AS(t.isend(0, t.max_tag() + 1, {}), invalid_argument_error);
+  CHECK_THROWS_AS(mpi_transport(MPI_COMM_NULL), invalid_argument_error);
+}
+
+TEST_CASE("gradcomp traffic does not mix with the application's own messages") {
+  // The transport duplicates the communicator: a user message with the same
+  // tag on MPI_COMM_WORLD is not matched by the transport's receive.
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  int user_value = 1000 + r, user_in = -1;
+  MPI_Request user_req;
+  MPI_Isend(&user_value, 1, MPI_INT, next, 5, MPI_COMM_WORLD, &user_req);
+  auto send = t.isend(next, 5, bytes_of(r, 8));
+  auto recv = t.irecv(prev, 5);
+  CHECK(recv.wait().bytes == bytes_of(prev, 8));
+  MPI_Recv(&user_in, 1, MPI_INT, prev, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Wait(&user_req, MPI_STATUS_IGNORE);
+  send.wait();
+  CHECK(user_in == 1000 + prev);
+}
