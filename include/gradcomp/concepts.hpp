@@ -152,4 +152,25 @@ concept Transport = requires(T& t, const T& ct, int peer, int tag, std::vector<s
   { t.irecv(peer, tag) } -> RecvHandle;
 };
 
+/// Handle of a receive into caller-owned memory: wait() returns the number
+/// of bytes received (a longer message is a transport_error, never truncated).
+template <class H>
+concept RecvIntoHandle = std::movable<H> && requires(H& h) {
+  { h.wait() } -> std::same_as<std::size_t>;
+  { h.test() } -> std::same_as<bool>;
+};
+
+/// A transport that can also send from and receive into memory the caller
+/// owns, without copying (MPI does; the in-process transport moves whole
+/// vectors instead). The caller keeps `out` alive and unchanged, and does not
+/// touch `in`, until the handle's wait() returns. Drivers use these with
+/// `if constexpr (ZeroCopyTransport<T>)` to avoid a copy and an allocation
+/// per message.
+template <class T>
+concept ZeroCopyTransport = Transport<T> && requires(T& t, int peer, int tag, std::span<const std::byte> out,
+                                                     std::span<std::byte> in) {
+  { t.isend_view(peer, tag, out) } -> SendHandle;
+  { t.irecv_into(peer, tag, in) } -> RecvIntoHandle;
+};
+
 }  // namespace gradcomp

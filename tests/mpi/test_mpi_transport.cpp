@@ -101,3 +101,45 @@ TEST_CASE("gradcomp traffic does not mix with the application's own messages") {
   send.wait();
   CHECK(user_in == 1000 + prev);
 }
+
+TEST_CASE("zero-copy: isend_view and irecv_into move caller-owned memory") {
+  static_assert(ZeroCopyTransport<mpi_transport>);
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (std::size_t length : {std::size_t{0}, std::size_t{5}, std::size_t{1} << 22}) {
+    const auto out = bytes_of(r, length);
+    std::vector<std::byte> in(length + 16, std::byte{0xAB});
+    auto recv = t.irecv_into(prev, 21, in);
+    auto send = t.isend_view(next, 21, out);
+    CHECK(recv.wait() == length);
+    send.wait();
+    CHECK(std::equal(in.begin(), in.begin() + std::ptrdiff_t(length), bytes_of(prev, length).begin()));
+    CHECK(in[length] == std::byte{0xAB});  // nothing written past the message
+  }
+}
+
+TEST_CASE("irecv_into: a message longer than the buffer is an error, not a silent truncation") {
+  mpi_transport t(MPI_COMM_WORLD);
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<std::byte> small(8);
+  auto recv = t.irecv_into(prev, 22, small);
+  auto send = t.isend(next, 22, bytes_of(r, 64));
+  CHECK_THROWS_AS(recv.wait(), transport_error);
+  send.wait();
+  t.barrier();
+}
+
+TEST_CASE("irecv_into with a timeout, and a handle dropped unwaited is cancelled safely") {
+  mpi_transport_options options;
+  options.timeout = std::chrono::milliseconds(100);
+  mpi_transport t(MPI_COMM_WORLD, options);
+  std::vector<std::byte> buffer(16);
+  {
+    auto h = t.irecv_into((t.rank() + 1) % t.size(), 23, buffer);
+    CHECK_THROWS_AS(h.wait(), timeout_error);
+  }
+  { auto dropped = t.irecv_into((t.rank() + 1) % t.size(), 24, buffer); }
+  t.barrier();
+}

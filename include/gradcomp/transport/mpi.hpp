@@ -14,6 +14,9 @@
 ///   MPI_Improbe and receives with MPI_Mrecv, so any message length works.
 ///   Matching happens when the handle is first tested or waited; receives
 ///   with the same (source, tag) should be waited in posting order.
+/// - isend_view() / irecv_into() (ZeroCopyTransport) send from and receive
+///   into caller-owned memory with plain MPI_Isend / MPI_Irecv: no copy, no
+///   allocation; the ring all-reduce uses them when the transport has them.
 /// - wait() polls with a short back-off and throws timeout_error after the
 ///   transport's timeout, so a peer that dies or stops mid-collective gives
 ///   the survivors an error instead of a hang.
@@ -51,17 +54,19 @@ inline void mpi_check(int code, const char* call) {
   if (code != MPI_SUCCESS) throw transport_error(std::string("gradcomp mpi: ") + call + " failed: " + mpi_error_string(code));
 }
 
-/// Back-off for polling loops: spin briefly, then sleep up to 200 us, so a
-/// waiting rank does not steal a core from the rank it waits for.
+/// Back-off for polling loops: yield for the first few thousand polls (the
+/// MPI progress engine advances only while someone polls, and yielding hands
+/// the core to a co-located rank when ranks outnumber cores), then sleep up to
+/// 100 us, so a rank waiting for long does not steal a core.
 class poll_backoff {
  public:
   void pause() {
-    if (++polls_ < 64) {
+    if (++polls_ < 4096) {
       std::this_thread::yield();
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    if (sleep_us_ < 200) sleep_us_ *= 2;
+    if (sleep_us_ < 100) sleep_us_ *= 2;
   }
 
  private:
@@ -111,7 +116,8 @@ class mpi_transport {
  public:
   using clock = std::chrono::steady_clock;
 
-  /// Handle of a pending MPI_Isend; owns the buffer until completion.
+  /// Handle of a pending MPI_Isend; owns the buffer until completion (for
+  /// isend_view the caller owns it and keeps it alive until wait()).
   class send_handle {
    public:
     send_handle() = default;
@@ -130,6 +136,11 @@ class mpi_transport {
     /// Blocks until the buffer has been handed to MPI (and may be reused).
     void wait() {
       if (!state_) return;
+      if (state_->timeout.count() == 0) {
+        detail::mpi_check(MPI_Wait(&state_->request, MPI_STATUS_IGNORE), "MPI_Wait (send)");
+        state_.reset();
+        return;
+      }
       detail::poll_backoff backoff;
       while (!test()) {
         if (state_->timeout.count() > 0 && clock::now() - state_->started > state_->timeout)
@@ -229,6 +240,93 @@ class mpi_transport {
     std::optional<message> received_;
   };
 
+  /// Handle of a receive posted with MPI_Irecv into caller-owned memory.
+  class recv_into_handle {
+   public:
+    recv_into_handle() = default;
+    recv_into_handle(recv_into_handle&& other) noexcept { *this = std::move(other); }
+    recv_into_handle& operator=(recv_into_handle&& other) noexcept {
+      if (this != &other) {
+        cancel_quietly();
+        request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
+        received_ = other.received_;
+        capacity_ = other.capacity_;
+        self_ = other.self_;
+        source_ = other.source_;
+        tag_ = other.tag_;
+        started_ = other.started_;
+        timeout_ = other.timeout_;
+      }
+      return *this;
+    }
+    recv_into_handle(const recv_into_handle&) = delete;
+    recv_into_handle& operator=(const recv_into_handle&) = delete;
+    ~recv_into_handle() { cancel_quietly(); }
+
+    /// Blocks until the message is in the buffer; returns its length in bytes.
+    std::size_t wait() {
+      if (timeout_.count() == 0 && request_ != MPI_REQUEST_NULL) {
+        MPI_Status status;
+        const int code = MPI_Wait(&request_, &status);
+        if (code == MPI_ERR_TRUNCATE) status.MPI_ERROR = MPI_ERR_TRUNCATE;
+        else detail::mpi_check(code, "MPI_Wait (receive)");
+        complete(status);
+      }
+      detail::poll_backoff backoff;
+      while (!test()) {
+        if (clock::now() - started_ > timeout_)
+          throw timeout_error("gradcomp mpi: rank " + std::to_string(self_) + " waited " +
+                              std::to_string(timeout_.count()) + " ms for a message from rank " +
+                              std::to_string(source_) + " with tag " + std::to_string(tag_));
+        backoff.pause();
+      }
+      return received_;
+    }
+    /// Polls; true once the message is in the buffer.
+    bool test() {
+      if (request_ == MPI_REQUEST_NULL) return true;
+      int done = 0;
+      MPI_Status status;
+      const int code = MPI_Test(&request_, &done, &status);
+      if (code == MPI_ERR_TRUNCATE) {
+        status.MPI_ERROR = MPI_ERR_TRUNCATE;  // completed in error: report it as such
+        done = 1;
+      } else if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) {
+        detail::mpi_check(code, "MPI_Test (receive)");
+      }
+      if (done) complete(status);
+      return done != 0;
+    }
+
+   private:
+    friend class mpi_transport;
+    void complete(const MPI_Status& status) {
+      request_ = MPI_REQUEST_NULL;
+      if (status.MPI_ERROR == MPI_ERR_TRUNCATE)
+        throw transport_error("gradcomp mpi: message from rank " + std::to_string(source_) + " with tag " +
+                              std::to_string(tag_) + " is longer than the " + std::to_string(capacity_) +
+                              "-byte buffer posted for it");
+      int count = 0;
+      detail::mpi_check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+      received_ = static_cast<std::size_t>(count);
+    }
+    void cancel_quietly() noexcept {
+      // The buffer may be freed after this handle: never leave MPI writing to it.
+      if (request_ != MPI_REQUEST_NULL) {
+        MPI_Cancel(&request_);
+        MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      }
+    }
+    MPI_Request request_ = MPI_REQUEST_NULL;
+    std::size_t received_ = 0;
+    std::size_t capacity_ = 0;
+    int self_ = 0;
+    int source_ = 0;
+    int tag_ = 0;
+    clock::time_point started_;
+    std::chrono::milliseconds timeout_{0};
+  };
+
   /// Wraps a duplicate of `comm` (collective over comm: every rank must call it).
   explicit mpi_transport(MPI_Comm comm = MPI_COMM_WORLD, mpi_transport_options options = {}) : options_(options) {
     int initialised = 0;
@@ -271,9 +369,7 @@ class mpi_transport {
   send_handle isend(int dest, int tag, std::vector<std::byte>&& buffer) {
     check_peer(dest, "isend");
     check_tag(tag);
-    if (buffer.size() > static_cast<std::size_t>(INT_MAX))
-      throw invalid_argument_error("gradcomp mpi: message of " + std::to_string(buffer.size()) +
-                                   " bytes exceeds MPI's int count (2 GiB); split it");
+    check_count(buffer.size());
     send_handle h;
     h.state_ = std::make_unique<send_handle::state>();
     auto& s = *h.state_;
@@ -302,6 +398,42 @@ class mpi_transport {
     return h;
   }
 
+  /// Starts sending caller-owned bytes without copying them; `bytes` must stay
+  /// alive and unchanged until the handle's wait() returns.
+  send_handle isend_view(int dest, int tag, std::span<const std::byte> bytes) {
+    check_peer(dest, "isend_view");
+    check_tag(tag);
+    check_count(bytes.size());
+    send_handle h;
+    h.state_ = std::make_unique<send_handle::state>();
+    auto& s = *h.state_;
+    s.peer = dest;
+    s.tag = tag;
+    s.started = clock::now();
+    s.timeout = options_.timeout;
+    detail::mpi_check(MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, comm_, &s.request),
+                      "MPI_Isend");
+    return h;
+  }
+
+  /// Posts a receive from `source` straight into `buffer` (MPI_Irecv): no
+  /// allocation, no copy. A message longer than the buffer is a transport_error.
+  recv_into_handle irecv_into(int source, int tag, std::span<std::byte> buffer) {
+    check_peer(source, "irecv_into");
+    check_tag(tag);
+    check_count(buffer.size());
+    recv_into_handle h;
+    h.capacity_ = buffer.size();
+    h.self_ = rank_;
+    h.source_ = source;
+    h.tag_ = tag;
+    h.started_ = clock::now();
+    h.timeout_ = options_.timeout;
+    detail::mpi_check(MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, source, tag, comm_, &h.request_),
+                      "MPI_Irecv");
+    return h;
+  }
+
   /// Blocks until every rank of the communicator has called it.
   void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
@@ -310,6 +442,11 @@ class mpi_transport {
     if (peer < 0 || peer >= size_)
       throw invalid_argument_error(std::string("gradcomp mpi: ") + what + " to rank " + std::to_string(peer) +
                                    ", communicator has " + std::to_string(size_) + " ranks");
+  }
+  static void check_count(std::size_t bytes) {
+    if (bytes > static_cast<std::size_t>(INT_MAX))
+      throw invalid_argument_error("gradcomp mpi: message of " + std::to_string(bytes) +
+                                   " bytes exceeds MPI's int count (2 GiB); split it");
   }
   void check_tag(int tag) const {
     if (tag < 0 || tag > max_tag_)
@@ -324,6 +461,6 @@ class mpi_transport {
   mpi_transport_options options_;
 };
 
-static_assert(Transport<mpi_transport>);
+static_assert(ZeroCopyTransport<mpi_transport>);
 
 }  // namespace gradcomp
