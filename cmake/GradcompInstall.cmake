@@ -24,7 +24,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/gradcompConfigVersion.cma
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/gradcomp-install/gradcompConfig.cmake
               ${PROJECT_BINARY_DIR}/gradcompConfigVersion.cmake
-              ${PROJECT_SOURCE_DIR}/cmake/GradcompFindXsimd.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/GradcompDependencies.cmake
         DESTINATION ${GRADCOMP_INSTALL_CMAKEDIR})
 
 # Build-tree package: gradcomp_DIR=<build dir>. The targets point at the
@@ -34,5 +34,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/gradcompConfig.cmake.i
   ${PROJECT_BINARY_DIR}/gradcompConfig.cmake
   INSTALL_DESTINATION ${PROJECT_BINARY_DIR}
   INSTALL_PREFIX ${PROJECT_BINARY_DIR})
-configure_file(${PROJECT_SOURCE_DIR}/cmake/GradcompFindXsimd.cmake
-               ${PROJECT_BINARY_DIR}/GradcompFindXsimd.cmake COPYONLY)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/GradcompDependencies.cmake
+               ${PROJECT_BINARY_DIR}/GradcompDependencies.cmake COPYONLY)

@@ -7,11 +7,12 @@ include(GNUInstallDirs)
 #   (core)     -                    gradcomp::gradcomp Eigen3 3.4, Threads
 #   simd       GRADCOMP_WITH_SIMD   gradcomp::simd     xsimd (Debian 12: 8.1)
 #   thrust     GRADCOMP_WITH_THRUST gradcomp::thrust   Thrust 1.x >= 1.17 + OpenMP (device system OMP)
-#   mpi        GRADCOMP_WITH_MPI    gradcomp::mpi      MPI (C API, used from C++)
+#   mpi        GRADCOMP_WITH_MPI    gradcomp::mpi      MPI (the C API, used from C++)
 #
 # The installed gradcompConfig.cmake repeats these dependency look-ups; keep
 # the two in step (cmake/gradcompConfig.cmake.in).
 
+include(GradcompDependencies)
 find_package(Eigen3 3.4 REQUIRED NO_MODULE)
 find_package(Threads REQUIRED)
 
@@ -26,7 +27,6 @@ set(GRADCOMP_EXPORTED_TARGETS gradcomp)
 set(GRADCOMP_BUILT_COMPONENTS "")
 
 if(GRADCOMP_WITH_SIMD)
-  include(GradcompFindXsimd)
   find_package(xsimd CONFIG)
   if(NOT TARGET xsimd)
     message(FATAL_ERROR "GRADCOMP_WITH_SIMD=ON needs xsimd (Debian: apt-get install libxsimd-dev); "
@@ -48,20 +48,20 @@ if(GRADCOMP_WITH_THRUST)
   # when nvcc is installed) from being picked up for this CPU component.
   find_package(Thrust 1.17 CONFIG)
   find_package(OpenMP COMPONENTS CXX)
-  if(NOT Thrust_FOUND OR NOT OpenMP_CXX_FOUND)
+  if(Thrust_FOUND AND OpenMP_CXX_FOUND)
+    gradcomp_make_thrust_backend()
+  endif()
+  if(NOT Thrust_FOUND OR NOT OpenMP_CXX_FOUND OR NOT gradcomp_thrust_backend_ok)
     message(FATAL_ERROR "GRADCOMP_WITH_THRUST=ON needs Thrust 1.x >= 1.17 (Debian: apt-get install libthrust-dev; "
                         "or -DThrust_DIR=<dir of thrust-config.cmake>) and OpenMP for C++; "
                         "configure with -DGRADCOMP_WITH_THRUST=OFF to build without gradcomp::thrust.")
   endif()
   message(STATUS "gradcomp: Thrust ${Thrust_VERSION} from ${Thrust_DIR}, device system OMP")
-  if(NOT TARGET gradcomp::thrust_backend)
-    thrust_create_target(gradcomp::thrust_backend HOST CPP DEVICE OMP)
-  endif()
   add_library(gradcomp_thrust INTERFACE)
   add_library(gradcomp::thrust ALIAS gradcomp_thrust)
   set_target_properties(gradcomp_thrust PROPERTIES EXPORT_NAME thrust)
-  # gradcomp::thrust_backend is an IMPORTED target made by Thrust's own
-  # thrust_create_target(); the installed config makes it again on the consumer side.
+  # gradcomp::thrust_backend is an IMPORTED target (cmake/GradcompDependencies.cmake);
+  # the installed config makes it again on the consumer side.
   target_link_libraries(gradcomp_thrust INTERFACE gradcomp gradcomp::thrust_backend)
   target_compile_definitions(gradcomp_thrust INTERFACE GRADCOMP_HAS_THRUST=1)
   list(APPEND GRADCOMP_EXPORTED_TARGETS gradcomp_thrust)
@@ -70,14 +70,15 @@ endif()
 
 if(GRADCOMP_WITH_MPI)
   find_package(MPI COMPONENTS CXX)
-  if(NOT MPI_CXX_FOUND)
-    message(FATAL_ERROR "GRADCOMP_WITH_MPI=ON needs MPI for C++ (Debian: apt-get install libopenmpi-dev openmpi-bin); "
+  gradcomp_make_mpi_backend()
+  if(NOT gradcomp_mpi_backend_ok)
+    message(FATAL_ERROR "GRADCOMP_WITH_MPI=ON needs MPI (Debian: apt-get install libopenmpi-dev openmpi-bin); "
                         "configure with -DGRADCOMP_WITH_MPI=OFF to build without gradcomp::mpi.")
   endif()
   add_library(gradcomp_mpi INTERFACE)
   add_library(gradcomp::mpi ALIAS gradcomp_mpi)
   set_target_properties(gradcomp_mpi PROPERTIES EXPORT_NAME mpi)
-  target_link_libraries(gradcomp_mpi INTERFACE gradcomp MPI::MPI_CXX)
+  target_link_libraries(gradcomp_mpi INTERFACE gradcomp gradcomp::mpi_backend)
   target_compile_definitions(gradcomp_mpi INTERFACE GRADCOMP_HAS_MPI=1)
   list(APPEND GRADCOMP_EXPORTED_TARGETS gradcomp_mpi)
   list(APPEND GRADCOMP_BUILT_COMPONENTS mpi)
