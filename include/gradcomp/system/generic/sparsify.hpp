@@ -1,0 +1,146 @@
+#pragma once
+/// \file system/generic/sparsify.hpp
+/// Generic (execution::seq) kernels of the sparsifying codecs: the state
+/// update y <- a*y + b*x fused with the first pass of the top-k selection of
+/// |y|, and the algorithm `axpby_topk` that combines them.
+///
+/// The three updates of the codecs are all of this form:
+///   sparsifier_with_memory  r <- 1*r + eta*g              (DGS Alg. 1 line 6)
+///   DGC momentum correction v <- 1*v + 1*u, u = m*u + eta*g (Lin et al.)
+///   sa_momentum             u <- m*u + eta*g              (DGS Alg. 3 line 6, eq. 14)
+/// a*y and b*x are rounded separately, then added (no fused multiply-add), so
+/// every policy produces the same bits; multiplying by 1 is exact.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <gradcomp/detail/policy_tags.hpp>
+#include <gradcomp/system/generic/topk.hpp>
+
+namespace gradcomp::execution {
+
+namespace sparsify_detail {
+/// a*y + b*x with each product rounded to float before the sum.
+inline float axpby(float a, float y, float b, float x) noexcept {
+  const float ay = a * y;
+  const float bx = b * x;
+  return ay + bx;
+}
+}  // namespace sparsify_detail
+
+/// y[i] <- a*y[i] + b*x[i]. Sizes are checked by the caller.
+inline void axpby_update(seq, std::span<float> y, std::span<const float> x, float a, float b) noexcept {
+  float* py = y.data();
+  const float* px = x.data();
+  const std::size_t n = y.size();
+  for (std::size_t i = 0; i < n; ++i) py[i] = sparsify_detail::axpby(a, py[i], b, px[i]);
+}
+
+/// y[i] <- a*y[i] + b*x[i], and the level-0 magnitude histogram of the new y
+/// into ws.hist (the first pass of the radix select).
+inline void axpby_histogram(seq, std::span<float> y, std::span<const float> x, float a, float b,
+                            topk_workspace& ws) {
+  constexpr std::size_t stride = topk_bins + 1;
+  std::uint32_t* sub = ws.sub.data();
+  float* py = y.data();
+  const float* px = x.data();
+  const std::size_t n = y.size();
+  std::size_t i = 0;
+  for (; i + topk_sub_histograms <= n; i += topk_sub_histograms)
+    for (std::size_t h = 0; h < topk_sub_histograms; ++h) {
+      const float v = sparsify_detail::axpby(a, py[i + h], b, px[i + h]);
+      py[i + h] = v;
+      ++sub[h * stride + (topk_key(v) >> topk_level_shift[0])];
+    }
+  for (; i < n; ++i) {
+    const float v = sparsify_detail::axpby(a, py[i], b, px[i]);
+    py[i] = v;
+    ++sub[topk_key(v) >> topk_level_shift[0]];
+  }
+  topk_detail::reduce_sub_histograms(ws);
+}
+
+/// y[i] <- a*y[i] + b*x[i], appending i to `out` (increasing) when
+/// key(new y[i]) >= key_lo (key_lo >= 1); entries not appended are then
+/// multiplied by s (s == 1: left as updated).
+inline void axpby_collect_ge(seq, std::span<float> y, std::span<const float> x, float a, float b,
+                             std::uint32_t key_lo, float s, std::vector<std::uint32_t>& out) {
+  float* py = y.data();
+  const float* px = x.data();
+  const std::size_t n = y.size();
+  if (s == 1.0f) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = sparsify_detail::axpby(a, py[i], b, px[i]);
+      py[i] = v;
+      if (topk_key(v) >= key_lo) out.push_back(static_cast<std::uint32_t>(i));
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = sparsify_detail::axpby(a, py[i], b, px[i]);
+      if (topk_key(v) >= key_lo) {
+        py[i] = v;
+        out.push_back(static_cast<std::uint32_t>(i));
+      } else {
+        py[i] = v * s;
+      }
+    }
+  }
+}
+
+/// Keys of a*y[i] + b*x[i] at the positions of topk_sample_keys (same
+/// stratified counter-based sample), without changing y.
+inline void axpby_sample_keys(seq, std::span<const float> y, std::span<const float> x, float a, float b,
+                              std::uint64_t seed, std::uint64_t stream, std::span<std::uint32_t> out) {
+  const auto rng = topk_detail::sample_stream(seed, stream);
+  const std::size_t n = y.size(), s = out.size();
+  for (std::size_t j = 0; j < s; ++j) {
+    const std::size_t i = topk_detail::sample_position(n, s, j, rng);
+    out[j] = topk_key(sparsify_detail::axpby(a, y[i], b, x[i]));
+  }
+}
+
+/// y <- a*y + b*x, then the top-k of |y| (ties: lower index first) as
+/// increasing indices in `out`; every entry not selected is multiplied by s
+/// (s == 1: untouched). Exact mode: radix select, two passes when the
+/// threshold's bin is small. Sampled mode (DGC): sampled threshold, one fused
+/// pass, exact re-selection among the candidates when more than k qualified;
+/// falls back to exact where topk_sampled does. Returns the number selected
+/// (exactly min(k, n) in exact mode, at most that in sampled mode).
+template <class Policy>
+std::size_t axpby_topk(Policy policy, std::span<float> y, std::span<const float> x, float a, float b, std::size_t k,
+                       float s, bool sampled, std::uint64_t seed, std::uint64_t stream, topk_workspace& ws,
+                       std::vector<std::uint32_t>& out) {
+  const std::size_t n = y.size();
+  out.clear();
+  if (k >= n) {
+    axpby_update(policy, y, x, a, b);
+    out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
+    return n;
+  }
+  if (sampled) {
+    const topk_sample_plan plan = topk_plan_sample(n, k);
+    if (!plan.use_exact) {
+      ws.keys.resize(plan.samples);
+      axpby_sample_keys(policy, std::span<const float>(y), x, a, b, seed, stream, std::span<std::uint32_t>(ws.keys));
+      const std::uint32_t t =
+          topk_select_keys(policy, std::span<std::uint32_t>(ws.keys), plan.rank, ws.scratch).key;
+      if (t != 0) {
+        out.reserve(k + k / 2 + 64);
+        axpby_collect_ge(policy, y, x, a, b, t, s, out);
+        if (s == 1.0f)
+          topk_keep_largest(policy, std::span<const float>(y), out, k, ws, [](std::uint32_t) {});
+        else
+          topk_keep_largest(policy, std::span<const float>(y), out, k, ws, [&](std::uint32_t i) { y[i] = y[i] * s; });
+        return out.size();
+      }
+    }
+  }
+  axpby_histogram(policy, y, x, a, b, ws);
+  topk_exact_levels(policy, y, k, s, true, ws, out);
+  return out.size();
+}
+
+}  // namespace gradcomp::execution
