@@ -1,0 +1,116 @@
+#pragma once
+/// \file common.hpp
+/// What the pieces of examples/train share: the configurations, the options,
+/// the layer list handed to the exchange, and the measured results. No libtorch.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gradcomp/layout.hpp>
+
+namespace train {
+
+/// The configurations the program trains, in the order they run.
+enum class config_id { msgd_single, baseline, gradiveq, gradiveq_plus, qsgd4, two_bit, topk, dgs, lgc };
+inline constexpr std::array<config_id, 9> all_configs = {
+    config_id::msgd_single, config_id::baseline, config_id::gradiveq, config_id::gradiveq_plus, config_id::qsgd4,
+    config_id::two_bit,     config_id::topk,     config_id::dgs,      config_id::lgc};
+
+std::string_view config_name(config_id c) noexcept;
+std::string_view config_description(config_id c) noexcept;
+std::optional<config_id> parse_config(std::string_view name) noexcept;
+
+/// Every option of a run (command line: main.cpp).
+struct run_options {
+  // Data and model.
+  std::string data_dir;
+  std::size_t train_samples = 0;  ///< training subset (0: all 60000)
+  std::size_t eval_samples = 0;   ///< test images of the intermediate evaluations (0: all 10000)
+  // Training.
+  int workers = 4;
+  std::size_t batch = 32;         ///< per worker; the global batch is workers * batch
+  double epochs = 3;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::uint64_t seed = 1;
+  int torch_threads = 0;          ///< per worker; 0: max(1, cores / workers)
+  int evals_per_epoch = 2;
+  std::size_t check_every = 50;   ///< replica checksum period in steps
+  std::size_t log_every = 20;
+  // GradiVeQ (seed 002, Sec. 4): warm-up, L_t sampling, L_c compressed, lambda.
+  std::size_t gradiveq_warmup = 60;
+  std::size_t gradiveq_lt = 20;
+  std::size_t gradiveq_lc = 80;
+  double gradiveq_lambda = 0.01;
+  // QSGD (4 bits = 15 levels + sign, bucket size).
+  int qsgd_bits = 4;
+  std::size_t qsgd_bucket = 512;
+  // Two-bit quantizer (seed 003): threshold, or automatic mode when <= 0.
+  double two_bit_threshold = 0;
+  // Sparsifier with memory: percent of each layer kept.
+  double topk_percent = 1.0;
+  // DGS (seed 001): sparsity in percent, SAMomentum momentum, secondary compression.
+  double dgs_sparsity = 99.0;
+  double dgs_momentum = 0.7;
+  bool dgs_secondary = true;
+  // LGC (seed 004): top-k percent and phase lengths.
+  double lgc_topk_percent = 0.1;
+  std::size_t lgc_phase1 = 60;   ///< dense warm-up steps
+  std::size_t lgc_phase2 = 60;   ///< top-k steps while the autoencoder trains online
+};
+
+/// One gradient tensor of the model, as the exchange sees it.
+struct layer_desc {
+  std::string name;
+  gradcomp::layer_shape shape;  ///< conv: [F, D, H, W] framework layout; dense otherwise
+};
+
+/// A point of a training curve.
+struct curve_point {
+  std::size_t step = 0;
+  double epoch = 0;
+  double train_loss = 0;          ///< mean over the workers since the previous point
+  double test_accuracy = 0;       ///< percent
+  std::size_t test_samples = 0;
+  double cumulative_bytes = 0;    ///< bytes sent per worker on the wire since the start
+  double wall_seconds = 0;
+};
+
+/// Byte accounting of the codecs, summed over the steps of one worker.
+struct codec_counters {
+  std::uint64_t raw_bytes = 0;             ///< float32 size of every gradient element exchanged
+  std::uint64_t encoded_bytes = 0;         ///< payload bytes the encoders produced for them
+  std::uint64_t target_raw_bytes = 0;      ///< the same, restricted to the layers the codec targets
+  std::uint64_t target_encoded_bytes = 0;
+  std::uint64_t received_bytes = 0;        ///< parameter-server replies received (downlink)
+  double ratio() const noexcept { return encoded_bytes ? double(raw_bytes) / double(encoded_bytes) : 0.0; }
+  double target_ratio() const noexcept {
+    return target_encoded_bytes ? double(target_raw_bytes) / double(target_encoded_bytes) : 0.0;
+  }
+};
+
+/// The measured outcome of one configuration.
+struct run_result {
+  config_id config = config_id::baseline;
+  int workers = 1;
+  std::size_t steps = 0;
+  std::size_t global_batch = 0;
+  double final_accuracy = 0;       ///< percent, full test set
+  double wire_bytes_per_step = 0;  ///< bytes sent per worker per step (mean over workers)
+  double recv_bytes_per_step = 0;  ///< downlink of a parameter server per worker per step
+  codec_counters counters;         ///< worker 0
+  std::string target_label;        ///< which layers "target" means ("conv", "all", ...)
+  double aggregation_ms = 0;       ///< mean per step, worker 0
+  double compute_ms = 0;           ///< forward + backward per step, worker 0
+  double wall_seconds = 0;
+  std::vector<curve_point> curve;
+  std::string note;
+};
+
+}  // namespace train

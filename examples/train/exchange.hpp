@@ -1,0 +1,70 @@
+#pragma once
+/// \file exchange.hpp
+/// The gradient exchange of one worker: gradcomp codecs, drivers and the
+/// transport, behind one small interface the libtorch side calls once per
+/// step. No libtorch here (gradcomp stays free of it).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "transport.hpp"
+
+namespace train {
+
+/// What exchange() leaves in the spans.
+enum class update_kind {
+  gradient,     ///< the aggregated (mean) gradient: written to .grad, then momentum SGD
+  model_delta,  ///< a model difference to add to the parameters (asynchronous DGS)
+};
+
+/// One worker's exchange. exchange() is collective: every worker calls it
+/// once per step with its layers in the same order.
+class exchanger {
+ public:
+  virtual ~exchanger() = default;
+  virtual update_kind kind() const noexcept { return update_kind::gradient; }
+  /// `layers[i]` holds layer i's local gradient (framework layout) on entry
+  /// and the aggregate (or the model delta, kind()) on return. `lr` is the
+  /// learning rate of this step (DGS folds it into SAMomentum).
+  virtual void exchange(std::size_t step, double lr, std::span<const std::span<float>> layers) = 0;
+  /// Short name of the current phase for the progress line ("warm-up", "L_t", ...), or "".
+  virtual std::string phase() const { return {}; }
+  /// Called once after the last step (a parameter server stops here).
+  virtual void finish() {}
+  /// Which layers the codec targets, for the "target ratio" column.
+  virtual std::string target_label() const { return "all"; }
+  codec_counters counters;
+};
+
+/// Why `c` cannot run in this build ("" if it can): a header that has not
+/// landed, or an option combination that makes no sense.
+std::string config_unavailable(config_id c);
+
+/// The exchange of configuration `c` for the worker behind `data` (counted
+/// transport, every byte it moves is a measured byte).
+/// Throws gradcomp::invalid_argument_error for invalid codec parameters.
+std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& options, counted_transport& data,
+                                          std::span<const layer_desc> layers, std::size_t total_steps);
+
+/// Exactly the check make_exchanger does on the options, without a transport,
+/// so bad parameters are reported before any training starts.
+void validate_codec_options(config_id c, const run_options& options, std::span<const layer_desc> layers);
+
+// ---------------------------------------------------------------------------
+// Small collectives over the control transport (not counted as wire bytes).
+
+/// Every rank's `mine`, indexed by rank, passed round the ring.
+std::vector<std::vector<std::byte>> allgather_bytes(counted_transport& t, std::vector<std::byte> mine, int tag);
+
+/// Every rank's value of a small vector of doubles.
+std::vector<std::vector<double>> allgather_doubles(counted_transport& t, std::span<const double> mine, int tag);
+
+/// Blocks until every rank has called it.
+void barrier(counted_transport& t, int tag);
+
+}  // namespace train
