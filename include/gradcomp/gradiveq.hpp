@@ -923,8 +923,8 @@ struct gradiveq_schedule_options {
   double stale_threshold = std::numeric_limits<double>::infinity();
   std::size_t patience = 1;  ///< consecutive majority-stale compressed iterations that end L_c early
   /// Beyond the paper: after L_c ends early at j iterations the next cycle's
-  /// L_c is max(min_compressed_iterations, j); a full cycle doubles it back
-  /// towards compressed_iterations.
+  /// L_c is max(min_compressed_iterations, j) (never above L_c); a full cycle
+  /// doubles it back towards compressed_iterations.
   bool adaptive_cycles = false;
   std::size_t min_compressed_iterations = 25;
 };
@@ -955,8 +955,8 @@ class gradiveq_schedule {
     if (opt_.compressed_iterations < 1)
       throw invalid_argument_error("gradiveq_schedule: L_c (compressed_iterations) must be at least 1");
     if (opt_.patience < 1) throw invalid_argument_error("gradiveq_schedule: patience must be at least 1");
-    if (opt_.min_compressed_iterations < 1 || opt_.min_compressed_iterations > opt_.compressed_iterations)
-      throw invalid_argument_error("gradiveq_schedule: min_compressed_iterations must be in [1, L_c]");
+    if (opt_.min_compressed_iterations < 1)
+      throw invalid_argument_error("gradiveq_schedule: min_compressed_iterations must be at least 1");
     if (std::isnan(opt_.stale_threshold) || opt_.stale_threshold < 0.0)
       throw invalid_argument_error("gradiveq_schedule: stale_threshold must be >= 0");
     if (opt_.qsgd_bits < 1 || opt_.qsgd_bits > 16)
@@ -1025,7 +1025,7 @@ class gradiveq_schedule {
     const auto stale = r.get<std::uint64_t>();
     r.expect_end();
     reader::check(phase <= 2, "gradiveq_schedule state: bad phase");
-    reader::check(lc >= opt_.min_compressed_iterations && lc <= opt_.compressed_iterations,
+    reader::check(lc >= floor_lc() && lc <= opt_.compressed_iterations,
                   "gradiveq_schedule state: L_c out of range");
     const auto ph = static_cast<gradiveq_phase>(phase);
     const std::uint64_t limit = ph == gradiveq_phase::warmup     ? opt_.warmup_iterations
@@ -1063,7 +1063,7 @@ class gradiveq_schedule {
         const bool early = stale_run_ >= opt_.patience && position_ < current_lc_;
         if (early || position_ >= current_lc_) {
           if (opt_.adaptive_cycles)
-            current_lc_ = early ? std::max(opt_.min_compressed_iterations, position_)
+            current_lc_ = early ? std::max(floor_lc(), position_)
                                 : std::min(opt_.compressed_iterations, 2 * current_lc_);
           s.ended_early = early;
           enter(gradiveq_phase::sampling);
@@ -1074,6 +1074,8 @@ class gradiveq_schedule {
     s.next = phase_;
     return s;
   }
+
+  std::size_t floor_lc() const noexcept { return std::min(opt_.min_compressed_iterations, opt_.compressed_iterations); }
 
   void enter(gradiveq_phase p) {
     if (p == gradiveq_phase::sampling) ++cycle_;
