@@ -79,7 +79,9 @@ if(GRADCOMP_WITH_MPI)
   add_library(gradcomp::mpi ALIAS gradcomp_mpi)
   set_target_properties(gradcomp_mpi PROPERTIES EXPORT_NAME mpi)
   target_link_libraries(gradcomp_mpi INTERFACE gradcomp gradcomp::mpi_backend)
-  target_compile_definitions(gradcomp_mpi INTERFACE GRADCOMP_HAS_MPI=1)
+  # gradcomp uses the MPI C API only: keep <mpi.h> from pulling in the removed
+  # MPI-2 C++ bindings, which need libmpi_cxx (not linked with MPI::MPI_C).
+  target_compile_definitions(gradcomp_mpi INTERFACE GRADCOMP_HAS_MPI=1 OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   list(APPEND GRADCOMP_EXPORTED_TARGETS gradcomp_mpi)
   list(APPEND GRADCOMP_BUILT_COMPONENTS mpi)
 endif()
