@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# gradcomp's whole test suite (what .ci/run runs). Installs what it needs on
+# Debian 12 (scripts/install-deps.sh), then runs these stages, each in its own
+# build directory under $GRADCOMP_CI_DIR (default build-ci/):
+#
+#   release    Release build of everything (tests, benches, examples; Thrust and
+#              MPI components on), then the whole ctest suite: unit tests, MPI
+#              tests under mpirun, standalone-header check, consumer and
+#              packaging tests (install/build-tree/add_subdirectory/FetchContent,
+#              Conan recipe, vcpkg port)
+#   quickstart runs the Release build's examples/quickstart (the main job)
+#   asan       Debug build with -fsanitize=address,undefined, every unit test
+#   tsan       -fsanitize=thread build of the transport, ring and driver tests
+#   fuzz       clang libFuzzer build of fuzz/ (ASan+UBSan), each fuzzer run for
+#              $GRADCOMP_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/<name>
+#
+#   bash scripts/test.sh                 every stage
+#   bash scripts/test.sh quick           the release stage only
+#   bash scripts/test.sh asan tsan       just those stages (any of the names above)
+#   GRADCOMP_SKIP_DEPS=1 bash scripts/test.sh ...   do not call install-deps.sh
+#
+# Every stage runs even when an earlier one failed; the exit status is non-zero
+# if any stage failed. A stage whose sources are not in the checkout yet
+# (fuzz/CMakeLists.txt, examples/quickstart.cpp) is skipped with a message.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+
+jobs="${GRADCOMP_JOBS:-2}"
+ci="${GRADCOMP_CI_DIR:-$root/build-ci}"
+fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
+all_stages=(release quickstart asan tsan fuzz)
+# Ninja builds the several targets of one `cmake --build --target a b c` in
+# parallel (CMake's Makefiles build them one after the other).
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+stages=()
+for arg in "$@"; do
+  case "$arg" in
+    quick) stages+=(release) ;;
+    all) stages+=("${all_stages[@]}") ;;
+    release|quickstart|asan|tsan|fuzz) stages+=("$arg") ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown stage '$arg' (stages: ${all_stages[*]} quick all)" >&2; exit 2 ;;
+  esac
+done
+[ "${#stages[@]}" -eq 0 ] && stages=("${all_stages[@]}")
+
+if [ "${GRADCOMP_SKIP_DEPS:-0}" != 1 ]; then
+  bash scripts/install-deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
+fi
+mkdir -p "$ci"
+
+summary=()   # one line per stage
+failed=0
+suite_start=$SECONDS
+
+banner() { printf '\n==== %s ====\n' "$*"; }
+
+# Runs `ctest "$@"` in build dir $1, keeping its summary lines for the end.
+run_ctest() {
+  local dir="$1"; shift
+  local log="$dir/ctest.log"
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log"
+  local status=${PIPESTATUS[0]}
+  ctest_summary="$(grep -E 'tests passed|Total Test time' "$log" | tr '\n' ' ')"
+  return "$status"
+}
+
+# Unit test names (test_<name>) whose name matches the ERE $1 (all if empty).
+unit_tests() {
+  local pattern="${1:-.}" f name
+  for f in tests/unit/test_*.cpp; do
+    [ -e "$f" ] || continue
+    name="$(basename "$f" .cpp)"
+    [[ "${name#test_}" =~ $pattern ]] && echo "$name"
+  done
+}
+
+stage_release() {
+  local dir="$ci/release"
+  local options=(-DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=ON
+                 -DGRADCOMP_BUILD_EXAMPLES=ON)
+  if ! cmake "${generator[@]}" -S . -B "$dir" "${options[@]}" -DGRADCOMP_WITH_THRUST=ON -DGRADCOMP_WITH_MPI=ON; then
+    echo "test.sh: configuring with GRADCOMP_WITH_THRUST=ON GRADCOMP_WITH_MPI=ON failed; retrying without them" >&2
+    rm -rf "$dir"
+    cmake "${generator[@]}" -S . -B "$dir" "${options[@]}" -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
+    stage_note="(without thrust/mpi: they did not configure)"
+  fi
+  cmake --build "$dir" -j "$jobs" || return 1
+  run_ctest "$dir"
+}
+
+stage_quickstart() {
+  if [ ! -f examples/quickstart.cpp ]; then
+    stage_note="skipped: examples/quickstart.cpp is not in this checkout"
+    echo "test.sh: $stage_note"
+    return 0
+  fi
+  local dir="$ci/release"
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCH=OFF || return 1
+  fi
+  cmake --build "$dir" --target quickstart -j "$jobs" || return 1
+  "$dir/examples/quickstart"
+}
+
+stage_asan() {
+  local dir="$ci/asan"
+  local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
+    -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF \
+    -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
+  local targets
+  mapfile -t targets < <(unit_tests)
+  [ "${#targets[@]}" -gt 0 ] || { echo "test.sh: no unit tests found"; return 1; }
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || return 1
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    run_ctest "$dir" -L unit
+}
+
+# ThreadSanitizer needs a memory layout some kernels' ASLR settings break
+# (vm.mmap_rnd_bits=32); then the tests run with ASLR off through setarch.
+tsan_prefix=()
+check_tsan() {
+  local probe="$ci/tsan-probe"
+  mkdir -p "$probe"
+  printf '#include <thread>\nint x; int main(){ std::thread t([]{ x = 1; }); t.join(); return x - 1; }\n' > "$probe/probe.cpp"
+  g++ -fsanitize=thread -g "$probe/probe.cpp" -o "$probe/probe" || return 1
+  if "$probe/probe" 2>/dev/null; then return 0; fi
+  if setarch "$(uname -m)" -R "$probe/probe" 2>/dev/null; then
+    echo "test.sh: ThreadSanitizer needs ASLR off on this kernel; running the TSan tests under setarch -R"
+    tsan_prefix=(setarch "$(uname -m)" -R)
+    return 0
+  fi
+  echo "test.sh: ThreadSanitizer does not run on this machine" >&2
+  return 1
+}
+
+stage_tsan() {
+  local dir="$ci/tsan"
+  local pattern='transport|ring|server|inproc|driver'
+  check_tsan || return 1
+  cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
+    -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF \
+    -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
+  local targets
+  mapfile -t targets < <(unit_tests "$pattern")
+  if [ "${#targets[@]}" -eq 0 ]; then
+    stage_note="skipped: no unit test matches /$pattern/ yet"
+    echo "test.sh: $stage_note"
+    return 0
+  fi
+  echo "test.sh: TSan tests: ${targets[*]}"
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || return 1
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+    "${tsan_prefix[@]}" bash -c 'cd "$1" && shift && exec ctest --output-on-failure -j "$@"' _ \
+      "$dir" "$jobs" -L unit -R "unit\\.(.*($pattern).*)\$" 2>&1 | tee "$dir/ctest.log"
+  local status=${PIPESTATUS[0]}
+  ctest_summary="$(grep -E 'tests passed|Total Test time' "$dir/ctest.log" | tr '\n' ' ')"
+  return "$status"
+}
+
+stage_fuzz() {
+  if [ ! -f fuzz/CMakeLists.txt ]; then
+    stage_note="skipped: fuzz/CMakeLists.txt is not in this checkout"
+    echo "test.sh: $stage_note"
+    return 0
+  fi
+  local dir="$ci/fuzz"
+  cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+    -DGRADCOMP_BUILD_FUZZERS=ON -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCH=OFF \
+    -DGRADCOMP_BUILD_EXAMPLES=OFF -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
+  local fuzzers=() f name
+  for f in fuzz/fuzz_*.cpp; do
+    [ -e "$f" ] && fuzzers+=("$(basename "$f" .cpp)")
+  done
+  [ "${#fuzzers[@]}" -gt 0 ] || { stage_note="skipped: no fuzz/fuzz_*.cpp"; echo "test.sh: $stage_note"; return 0; }
+  cmake --build "$dir" -j "$jobs" --target "${fuzzers[@]}" || return 1
+  local status=0 bin corpus
+  for name in "${fuzzers[@]}"; do
+    bin="$(find "$dir" -type f -name "$name" -perm -u+x | head -n 1)"
+    [ -n "$bin" ] || { echo "test.sh: $name was not built" >&2; return 1; }
+    # libFuzzer writes new inputs into the first corpus directory: a copy,
+    # so the checked-in corpus stays as it is.
+    corpus="$dir/corpus/$name"
+    rm -rf "$corpus" && mkdir -p "$corpus"
+    if [ -d "fuzz/corpus/${name#fuzz_}" ]; then
+      cp -r "fuzz/corpus/${name#fuzz_}/." "$corpus/"
+    elif [ -d "fuzz/corpus/$name" ]; then
+      cp -r "fuzz/corpus/$name/." "$corpus/"
+    fi
+    echo "test.sh: $name for ${fuzz_seconds}s on $(ls "$corpus" | wc -l) seed inputs"
+    mkdir -p "$dir/artifacts"
+    if ! (cd "$dir" && "$bin" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$dir/artifacts/$name-" "$corpus"); then
+      echo "test.sh: $name found a failure; reproducer in $dir/artifacts/" >&2
+      status=1
+    fi
+  done
+  stage_note="${fuzzers[*]} ${fuzz_seconds}s each"
+  return "$status"
+}
+
+for stage in "${stages[@]}"; do
+  banner "stage $stage"
+  start=$SECONDS
+  stage_note=""
+  ctest_summary=""
+  if "stage_$stage"; then
+    result=passed
+  else
+    result=FAILED
+    failed=1
+  fi
+  elapsed=$((SECONDS - start))
+  summary+=("$(printf '%-10s %-7s %4dm%02ds  %s %s' "$stage" "$result" $((elapsed / 60)) $((elapsed % 60)) \
+                "$ctest_summary" "$stage_note")")
+done
+
+total=$((SECONDS - suite_start))
+banner "summary"
+for line in "${summary[@]}"; do
+  echo "$line"
+done
+printf 'total      %dm%02ds on %s cores, %s\n' $((total / 60)) $((total % 60)) "$(nproc)" \
+  "$([ "$failed" -eq 0 ] && echo 'all stages passed' || echo 'SOME STAGES FAILED')"
+exit "$failed"
