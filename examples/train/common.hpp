@@ -69,6 +69,7 @@ struct run_options {
 struct layer_desc {
   std::string name;
   gradcomp::layer_shape shape;  ///< conv: [F, D, H, W] framework layout; dense otherwise
+  int dims = 1;                 ///< tensor rank: 4 conv weight, 2 linear weight, 1 bias / norm
 };
 
 /// A point of a training curve.

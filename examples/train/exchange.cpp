@@ -2,13 +2,20 @@
 #include "exchange.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/layout.hpp>
 #include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/sparsify.hpp>
+#include <gradcomp/two_bit.hpp>
+#include <gradcomp/wire.hpp>
 
 namespace train {
 
@@ -58,10 +65,10 @@ std::string config_unavailable(config_id c) {
     case config_id::msgd_single:
     case config_id::baseline: return {};
     case config_id::gradiveq:
-    case config_id::gradiveq_plus: return "not wired in this build yet (waits for include/gradcomp/gradiveq.hpp)";
+    case config_id::gradiveq_plus:
+    case config_id::two_bit:
+    case config_id::topk: return {};
     case config_id::qsgd4: return "not wired in this build yet (waits for include/gradcomp/qsgd.hpp)";
-    case config_id::two_bit: return "not wired in this build yet (waits for include/gradcomp/two_bit.hpp)";
-    case config_id::topk: return "not wired in this build yet (waits for include/gradcomp/sparsify.hpp)";
     case config_id::dgs:
       return "not wired in this build yet (waits for include/gradcomp/parameter_server.hpp and samomentum.hpp)";
     case config_id::lgc: return "not wired in this build yet (waits for include/gradcomp/autoencoder.hpp)";
@@ -114,7 +121,11 @@ void barrier(counted_transport& t, int tag) { allgather_bytes(t, {}, tag); }
 
 namespace {
 
-constexpr int tag_dense = 32000;  // ring_allreduce uses tag_dense and tag_dense + 1
+// Data tags (each call pair stays below MPI's guaranteed MPI_TAG_UB, 32767).
+constexpr int tag_dense = 32000;   // plain ring: 32000, 32001
+constexpr int tag_linear = 32002;  // compressed-domain ring (Algorithm 1): 32002, 32003
+constexpr int tag_gather = 32004;  // all-gather of payloads
+constexpr int tag_vote = 32005;    // GradiVeQ eq. 7 votes
 
 /// Adds a layer's byte accounting to the counters.
 void count(codec_counters& c, std::size_t elements, std::size_t encoded, bool target) {
@@ -124,6 +135,71 @@ void count(codec_counters& c, std::size_t elements, std::size_t encoded, bool ta
     c.target_raw_bytes += 4 * elements;
     c.target_encoded_bytes += encoded;
   }
+}
+
+void scale(std::span<float> x, float s) {
+  for (float& v : x) v *= s;
+}
+
+/// The layers a codec leaves alone travel together: concatenated into one
+/// buffer and averaged with one plain ring all-reduce (raw floats).
+class dense_bucket {
+ public:
+  dense_bucket() = default;
+  explicit dense_bucket(std::vector<std::size_t> members, std::span<const layer_desc> layers) : members_(std::move(members)) {
+    std::size_t n = 0;
+    for (auto i : members_) n += layers[i].shape.size();
+    buffer_.resize(n);
+  }
+  void exchange(counted_transport& t, std::span<const std::span<float>> layers, codec_counters& c) {
+    if (members_.empty()) return;
+    std::size_t at = 0;
+    for (auto i : members_) {
+      std::copy(layers[i].begin(), layers[i].end(), buffer_.begin() + std::ptrdiff_t(at));
+      at += layers[i].size();
+    }
+    gradcomp::ring_allreduce(policy{}, t, std::span<float>(buffer_), {.average = true, .tag_base = tag_dense});
+    at = 0;
+    for (auto i : members_) {
+      std::copy(buffer_.begin() + std::ptrdiff_t(at), buffer_.begin() + std::ptrdiff_t(at + layers[i].size()),
+                layers[i].begin());
+      at += layers[i].size();
+    }
+    count(c, buffer_.size(), 4 * buffer_.size(), false);
+  }
+  std::size_t elements() const noexcept { return buffer_.size(); }
+
+ private:
+  std::vector<std::size_t> members_;
+  std::vector<float> buffer_;
+};
+
+/// Splits the layers into those `pick` selects (compressed) and the rest.
+template <class Pick>
+std::pair<std::vector<std::size_t>, std::vector<std::size_t>> split_layers(std::span<const layer_desc> layers, Pick pick) {
+  std::vector<std::size_t> chosen, rest;
+  for (std::size_t i = 0; i < layers.size(); ++i) (pick(layers[i]) ? chosen : rest).push_back(i);
+  return {chosen, rest};
+}
+
+bool is_conv(const layer_desc& l) { return l.shape.kind == gradcomp::layer_kind::conv; }
+bool is_weight(const layer_desc& l) { return l.dims >= 2; }
+
+/// Non-linear codecs: every worker's payload goes round the ring (all-gather
+/// of the serialized bytes), and every worker parses and decodes all N in
+/// rank order into the layer: the same bits on every worker. `layer` holds
+/// the local gradient on entry and the mean on return.
+template <class Codec>
+void allgather_decode_mean(counted_transport& t, Codec& codec, std::span<float> layer,
+                           typename Codec::payload_type& own, codec_counters& c) {
+  using payload = typename Codec::payload_type;
+  codec.encode(layer, own);
+  std::vector<std::byte> bytes = gradcomp::wire::serialize(own);
+  count(c, layer.size(), bytes.size(), true);
+  auto all = allgather_bytes(t, std::move(bytes), tag_gather);
+  std::fill(layer.begin(), layer.end(), 0.0f);
+  for (const auto& b : all) codec.decode_add(gradcomp::wire::parse<payload>(b), layer);
+  scale(layer, 1.0f / float(all.size()));
 }
 
 /// One worker: nothing to exchange.
@@ -149,12 +225,302 @@ class baseline_exchanger final : public exchanger {
   counted_transport& t_;
 };
 
+/// A non-linear codec on every weight tensor (conv and linear), all-gathered
+/// and decoded-and-summed; biases and norm parameters in the dense bucket.
+template <class Codec>
+class gather_exchanger final : public exchanger {
+ public:
+  template <class Make>
+  gather_exchanger(counted_transport& t, std::span<const layer_desc> layers, Make make, std::string what)
+      : t_(t), what_(std::move(what)) {
+    auto [chosen, rest] = split_layers(layers, is_weight);
+    chosen_ = std::move(chosen);
+    rest_ = dense_bucket(std::move(rest), layers);
+    for (auto i : chosen_) codecs_.push_back(make(layers[i].shape.size()));
+    payloads_.resize(chosen_.size());
+  }
+  void exchange(std::size_t, double, std::span<const std::span<float>> layers) override {
+    rest_.exchange(t_, layers, counters);
+    for (std::size_t j = 0; j < chosen_.size(); ++j)
+      allgather_decode_mean(t_, codecs_[j], layers[chosen_[j]], payloads_[j], counters);
+  }
+  std::string target_label() const override { return "weights"; }
+  std::string phase() const override { return what_; }
+
+ private:
+  counted_transport& t_;
+  std::string what_;
+  std::vector<std::size_t> chosen_;
+  dense_bucket rest_;
+  std::vector<Codec> codecs_;
+  std::vector<typename Codec::payload_type> payloads_;
+};
+
+// --- GradiVeQ ----------------------------------------------------------------
+
+using gq_codec = gradcomp::linear_compressor<policy>;
+
+/// Algorithm 1 of seed 002 on one layer: the compressed-domain pipelined ring
+/// all-reduce. Reduce-scatter: at step s a worker receives the compressed
+/// segment k from its predecessor, compresses its own segment k, sums the
+/// two in the compressed domain (eq. 4) and forwards the sum; after N-1
+/// steps it owns one completely aggregated compressed segment. All-gather:
+/// the aggregated compressed segments go round the ring; each worker
+/// decompresses every one (eq. 5). Every segment is summed once in one fixed
+/// order and then copied, so all workers decode the same bytes.
+/// `flat` holds the local gradient (GradiVeQ order) on entry, the SUM on
+/// return. Returns the eq. 7 loss of this worker's own compression.
+gradcomp::local_loss_value compressed_ring_sum(counted_transport& t, const gq_codec& codec, std::span<float> flat,
+                                               std::size_t& encoded) {
+  const int n = t.size(), r = t.rank();
+  const auto bounds = codec.segment_bounds(std::size_t(n));
+  auto seg = [&](int j) { return flat.subspan(bounds[std::size_t(j)], bounds[std::size_t(j) + 1] - bounds[std::size_t(j)]); };
+  gradcomp::local_loss_value loss;
+  encoded = 0;
+  gradcomp::gradiveq_payload own;
+  auto encode_own = [&](int j) {
+    codec.encode_segment(bounds[std::size_t(j)], seg(j), own);
+    const auto l = codec.local_loss(seg(j), own);
+    loss.loss += l.loss;
+    loss.energy += l.energy;
+    encoded += codec.encoded_bytes(own);
+  };
+  if (n == 1) {
+    encode_own(0);
+    codec.decode(own, flat);
+    return loss;
+  }
+  const gradcomp::ring_schedule ring(r, n, flat.size());
+  const int next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  std::vector<any_recv_handle> rs, ag;
+  for (int s = 0; s < steps; ++s) rs.push_back(t.irecv(prev, tag_linear));
+  for (int s = 0; s < steps; ++s) ag.push_back(t.irecv(prev, tag_linear + 1));
+  std::vector<any_send_handle> sends;
+
+  encode_own(ring.reduce_scatter_send(0));
+  sends.push_back(t.isend(next, tag_linear, gradcomp::wire::serialize(own)));
+  gradcomp::gradiveq_payload owned;
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.reduce_scatter_recv(s);
+    auto received = gradcomp::wire::parse<gradcomp::gradiveq_payload>(rs[std::size_t(s)].wait().bytes);
+    encode_own(k);
+    codec.accumulate(received, own);
+    if (s + 1 < steps) sends.push_back(t.isend(next, tag_linear, gradcomp::wire::serialize(received)));
+    else owned = std::move(received);
+  }
+  // The own encodings are done: `flat` may now be overwritten by the sums.
+  const int mine = ring.owned_segment();
+  sends.push_back(t.isend(next, tag_linear + 1, gradcomp::wire::serialize(owned)));
+  codec.decode(owned, seg(mine));
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.all_gather_recv(s);
+    auto m = ag[std::size_t(s)].wait();
+    codec.decode(gradcomp::wire::parse<gradcomp::gradiveq_payload>(m.bytes), seg(k));
+    if (s + 1 < steps) sends.push_back(t.isend(next, tag_linear + 1, std::move(m.bytes)));
+  }
+  for (auto& h : sends) h.wait();
+  return loss;
+}
+
+struct gradiveq_setup {
+  gradcomp::gradiveq_options codec;
+  gradcomp::gradiveq_schedule_options schedule;
+};
+
+gradiveq_setup gradiveq_config(const run_options& o, bool plus, int workers) {
+  gradiveq_setup g;
+  g.codec.lambda = o.gradiveq_lambda;
+  g.codec.summands = std::size_t(std::max(1, workers));
+  g.schedule.warmup_iterations = o.gradiveq_warmup;
+  g.schedule.sampling_iterations = o.gradiveq_lt;
+  g.schedule.compressed_iterations = o.gradiveq_lc;
+  // The sampling iterations are QSGD-quantized in the paper; without
+  // qsgd.hpp in this build they aggregate uncompressed (said in the summary).
+  g.schedule.sampling = gradcomp::sampling_aggregation::uncompressed;
+  if (plus) {
+    // Beyond the paper, all keeping the codec linear:
+    //  - pooled samples: the basis is fitted on up to 16 slices per sample
+    //    spread over the layer instead of the first slice only, so it
+    //    describes every slice it compresses (s = infinity reuses it on all);
+    //  - d chosen on held-out samples (eq. 6 applied to unseen gradients);
+    //  - the eq. 7 monitor ends L_c early when most workers' local loss
+    //    exceeds 4 lambda, and adaptive cycles shorten L_c after an early end.
+    g.codec.source = gradcomp::basis_source::pooled;
+    g.codec.pool_slices = 16;
+    g.codec.holdout_fraction = 0.2;
+    g.schedule.stale_threshold = 4.0 * o.gradiveq_lambda;
+    g.schedule.patience = 2;
+    g.schedule.adaptive_cycles = true;
+    g.schedule.min_compressed_iterations = std::max<std::size_t>(1, o.gradiveq_lc / 4);
+  }
+  return g;
+}
+
+/// GradiVeQ on the conv layers (Fig. 3a flattening, K = W*D*F, s = infinity),
+/// following gradiveq_schedule: warm-up (dense ring), L_t sampling (the
+/// aggregate of each iteration is a PCA sample), L_c compressed (Algorithm 1).
+/// Other layers: the dense bucket, as in seed 002.
+class gradiveq_exchanger final : public exchanger {
+ public:
+  gradiveq_exchanger(counted_transport& t, std::span<const layer_desc> layers, const run_options& o, bool plus)
+      : t_(t), setup_(gradiveq_config(o, plus, t.size())), schedule_(setup_.schedule) {
+    auto [chosen, rest] = split_layers(layers, is_conv);
+    conv_ = std::move(chosen);
+    rest_ = dense_bucket(std::move(rest), layers);
+    for (auto i : conv_) {
+      shapes_.push_back(layers[i].shape);
+      codecs_.emplace_back(layers[i].shape, setup_.codec);
+    }
+  }
+
+  void exchange(std::size_t, double, std::span<const std::span<float>> layers) override {
+    rest_.exchange(t_, layers, counters);
+    const auto phase = schedule_.phase();
+    const float inv_n = 1.0f / float(t_.size());
+    gradcomp::local_loss_value loss;
+    for (std::size_t j = 0; j < conv_.size(); ++j) {
+      const auto layer = layers[conv_[j]];
+      flat_.resize(layer.size());
+      gradcomp::flatten_gradiveq(shapes_[j], layer, flat_);
+      switch (phase) {
+        case gradcomp::gradiveq_phase::warmup:
+          gradcomp::ring_allreduce(policy{}, t_, std::span<float>(flat_), {.average = true, .tag_base = tag_dense});
+          count(counters, flat_.size(), 4 * flat_.size(), true);
+          break;
+        case gradcomp::gradiveq_phase::sampling:
+          // The sum over the workers is the PCA sample (eq. 5 decodes sums).
+          gradcomp::ring_allreduce(policy{}, t_, std::span<float>(flat_), {.average = false, .tag_base = tag_dense});
+          count(counters, flat_.size(), 4 * flat_.size(), true);
+          codecs_[j].add_sample(flat_);
+          scale(flat_, inv_n);
+          break;
+        case gradcomp::gradiveq_phase::compressed: {
+          std::size_t encoded = 0;
+          const auto l = compressed_ring_sum(t_, codecs_[j], flat_, encoded);
+          loss.loss += l.loss;
+          loss.energy += l.energy;
+          count(counters, flat_.size(), encoded, true);
+          count(compressed_, flat_.size(), encoded, true);  // the compressed iterations alone
+          scale(flat_, inv_n);
+          break;
+        }
+      }
+      gradcomp::unflatten_gradiveq(shapes_[j], flat_, layer);
+    }
+    if (phase == gradcomp::gradiveq_phase::compressed) ++compressed_steps_;
+    gradcomp::gradiveq_step next;
+    if (phase == gradcomp::gradiveq_phase::compressed && std::isfinite(setup_.schedule.stale_threshold)) {
+      // Eq. 7 majority vote: every worker learns every vote (1 byte each, counted on the wire).
+      std::vector<std::byte> vote(1, std::byte(schedule_.vote(loss) ? 1 : 0));
+      auto votes = allgather_bytes(t_, std::move(vote), tag_vote);
+      std::size_t stale = 0;
+      for (const auto& v : votes) stale += (v.size() == 1 && v[0] == std::byte(1)) ? 1 : 0;
+      next = schedule_.advance(stale, votes.size());
+      if (next.ended_early) ++early_ends_;
+    } else {
+      next = schedule_.advance();
+    }
+    if (next.fit_basis)
+      for (auto& c : codecs_) c.fit();
+  }
+
+  std::string phase() const override {
+    switch (schedule_.phase()) {
+      case gradcomp::gradiveq_phase::warmup: return "GradiVeQ warm-up";
+      case gradcomp::gradiveq_phase::sampling: return "GradiVeQ L_t sampling, cycle " + std::to_string(schedule_.cycle());
+      case gradcomp::gradiveq_phase::compressed: {
+        return "GradiVeQ L_c compressed, cycle " + std::to_string(schedule_.cycle()) + ", conv ratio " +
+               ratio_text(current_ratio());
+      }
+    }
+    return {};
+  }
+  std::string target_label() const override { return "conv"; }
+
+  /// Layer elements / transmitted floats over the conv layers with the current bases.
+  double current_ratio() const {
+    std::size_t elements = 0, sent = 0;
+    for (const auto& c : codecs_) {
+      elements += c.layer_length();
+      sent += c.coefficient_count() + c.tail_length();
+    }
+    return sent ? double(elements) / double(sent) : 0.0;
+  }
+
+  std::string summary() const override {
+    std::string s = "conv ratio in the L_c iterations " +
+                    ratio_text(compressed_.encoded_bytes ? double(compressed_.raw_bytes) / double(compressed_.encoded_bytes) : 0.0) +
+                    " (on the wire, headers included) over " + std::to_string(compressed_steps_) + " of " +
+                    std::to_string(schedule_.iteration()) + " steps; d per conv layer:";
+    for (const auto& c : codecs_) s += " " + (c.has_basis() ? std::to_string(c.dimension()) : std::string("-")) + "/" + std::to_string(c.slice_size());
+    s += "; fits " + std::to_string(codecs_.empty() ? 0 : codecs_.front().fits());
+    if (std::isfinite(setup_.schedule.stale_threshold)) s += "; L_c ended early " + std::to_string(early_ends_) + "x";
+    s += "; L_t aggregated uncompressed (no qsgd.hpp in this build)";
+    return s;
+  }
+
+ private:
+  static std::string ratio_text(double r) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1fx", r);
+    return b;
+  }
+  counted_transport& t_;
+  gradiveq_setup setup_;
+  gradcomp::gradiveq_schedule schedule_;
+  std::vector<std::size_t> conv_;
+  std::vector<gradcomp::layer_shape> shapes_;
+  std::vector<gq_codec> codecs_;
+  dense_bucket rest_;
+  std::vector<float> flat_;
+  codec_counters compressed_;  // the compressed iterations only
+  std::size_t compressed_steps_ = 0;
+  std::size_t early_ends_ = 0;
+};
+
+// --- two-bit, top-k ----------------------------------------------------------
+
+gradcomp::two_bit_options two_bit_config(const run_options& o) {
+  return o.two_bit_threshold > 0 ? gradcomp::two_bit_options::fixed(float(o.two_bit_threshold))
+                                 : gradcomp::two_bit_options::automatic(1.0f);
+}
+
+gradcomp::sparsifier_options topk_config(const run_options& o) {
+  gradcomp::sparsifier_options s;
+  s.ratio_percent = o.topk_percent;
+  s.mode = gradcomp::threshold_mode::exact;
+  s.seed = o.seed;
+  s.scale = 1.0f;  // residual in gradient units; the optimiser applies lr and momentum to the aggregate
+  return s;
+}
+
 }  // namespace
 
-void validate_codec_options(config_id c, const run_options& o, std::span<const layer_desc>) {
-  (void)o;
+void validate_codec_options(config_id c, const run_options& o, std::span<const layer_desc> layers) {
   if (auto why = config_unavailable(c); !why.empty())
     throw gradcomp::invalid_argument_error(std::string(config_name(c)) + ": " + why);
+  const std::string who(config_name(c));
+  switch (c) {
+    case config_id::gradiveq:
+    case config_id::gradiveq_plus: {
+      const auto g = gradiveq_config(o, c == config_id::gradiveq_plus, o.workers);
+      gradcomp::gradiveq_schedule check(g.schedule);  // throws on bad L_t, L_c
+      for (const auto& l : layers)
+        if (is_conv(l)) gq_codec probe(l.shape, g.codec);  // throws on bad lambda, K
+      gradcomp::select_dimension(std::span<const double>(), o.gradiveq_lambda);  // lambda in [0, 1)
+      break;
+    }
+    case config_id::two_bit:
+      if (!std::isfinite(o.two_bit_threshold)) throw gradcomp::invalid_argument_error("two_bit: threshold must be finite");
+      gradcomp::two_bit_quantizer<policy>(1, two_bit_config(o));
+      break;
+    case config_id::topk:
+      if (!(o.topk_percent > 0 && o.topk_percent <= 100))
+        throw gradcomp::invalid_argument_error("topk: --topk-percent must be in (0, 100], got " + std::to_string(o.topk_percent));
+      gradcomp::sparsifier_with_memory<policy>(1, topk_config(o));
+      break;
+    default: break;
+  }
 }
 
 std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, counted_transport& data,
@@ -164,6 +530,18 @@ std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, cou
   switch (c) {
     case config_id::msgd_single: return std::make_unique<single_exchanger>();
     case config_id::baseline: return std::make_unique<baseline_exchanger>(data);
+    case config_id::gradiveq: return std::make_unique<gradiveq_exchanger>(data, layers, o, false);
+    case config_id::gradiveq_plus: return std::make_unique<gradiveq_exchanger>(data, layers, o, true);
+    case config_id::two_bit: {
+      const auto opt = two_bit_config(o);
+      return std::make_unique<gather_exchanger<gradcomp::two_bit_quantizer<policy>>>(
+          data, layers, [&](std::size_t n) { return gradcomp::two_bit_quantizer<policy>(n, opt); }, "");
+    }
+    case config_id::topk: {
+      const auto opt = topk_config(o);
+      return std::make_unique<gather_exchanger<gradcomp::sparsifier_with_memory<policy>>>(
+          data, layers, [&](std::size_t n) { return gradcomp::sparsifier_with_memory<policy>(n, opt); }, "");
+    }
     default: break;
   }
   throw gradcomp::invalid_argument_error(std::string(config_name(c)) + ": " + config_unavailable(c));

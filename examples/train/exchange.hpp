@@ -36,6 +36,8 @@ class exchanger {
   virtual std::string phase() const { return {}; }
   /// Called once after the last step (a parameter server stops here).
   virtual void finish() {}
+  /// One line for the table's note (phase statistics, bases), or "".
+  virtual std::string summary() const { return {}; }
   /// Which layers the codec targets, for the "target ratio" column.
   virtual std::string target_label() const { return "all"; }
   codec_counters counters;

@@ -390,6 +390,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     r.compute_ms = 1e3 * compute_s / double(ctx.total_steps);
     r.wall_seconds = wall;
     r.curve = std::move(curve);
+    r.note = ex->summary();
   }
 }
 
@@ -400,6 +401,7 @@ std::vector<layer_desc> describe_layers(small_resnet& net) {
     const auto& t = item.value();
     layer_desc d;
     d.name = item.key();
+    d.dims = int(t.dim());
     if (t.dim() == 4)
       d.shape = gradcomp::layer_shape::conv(std::size_t(t.size(0)), std::size_t(t.size(1)), std::size_t(t.size(2)),
                                             std::size_t(t.size(3)));
