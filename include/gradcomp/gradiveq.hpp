@@ -313,8 +313,9 @@ inline pca_fit fit_pca(const float* rows, std::size_t R, std::size_t K, pca_solv
 ///
 /// Linear: decode(sum of c payloads) = U_d U_d^T (sum g - c mu/N) + c mu/N, so
 /// for c = N it is eq. 5 and for c = 1 the local reconstruction of eq. 7.
-/// Non-finite policy: encode and add_sample reject NaN/Inf (non_finite_error)
-/// before changing anything. Tail: when K does not divide the layer length M,
+/// Non-finite policy: encode and add_sample reject NaN/Inf (non_finite_error
+/// naming the first bad index) without changing the codec; after a failed
+/// encode the output payload is left empty (no coefficients), never half-valid. Tail: when K does not divide the layer length M,
 /// the last M % K elements travel uncompressed (summed like dense floats)
 /// unless options.allow_tail is false, which makes the constructor throw.
 template <ExecutionPolicy Policy = execution::seq>
@@ -465,8 +466,9 @@ class linear_compressor {
   void encode_segment(std::size_t offset, std::span<const float> segment, payload_type& out) const {
     require_fitted("gradiveq::encode");
     const auto run = locate(offset, segment.size(), "gradiveq::encode_segment");
-    if (auto bad = find_non_finite(Policy{}, segment); bad != segment.size())
-      throw non_finite_error("gradiveq::encode", bad);
+    const auto tail_in = segment.subspan(run.slices * k_);
+    if (auto bad = find_non_finite(Policy{}, tail_in); bad != tail_in.size())
+      throw non_finite_error("gradiveq::encode", run.slices * k_ + bad);
     out.fingerprint = fingerprint_;
     out.count = 1;
     out.slice_size = k_;
@@ -478,7 +480,16 @@ class linear_compressor {
                                b.dimension, b.offset.data(),
                                out.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]));
     });
-    out.tail.assign(segment.begin() + static_cast<std::ptrdiff_t>(run.slices * k_), segment.end());
+    // Fused non-finite check: a NaN or Inf in a slice makes its coefficients
+    // non-finite (x * u is NaN or Inf for every finite u), so only the
+    // d/K-sized output is scanned, and the input only when it fails.
+    if (find_non_finite(Policy{}, std::span<const float>(out.coefficients)) != out.coefficients.size()) {
+      out.coefficients.clear();
+      const auto body = segment.first(run.slices * k_);
+      if (auto bad = find_non_finite(Policy{}, body); bad != body.size()) throw non_finite_error("gradiveq::encode", bad);
+      throw invalid_argument_error("gradiveq::encode: finite gradient overflowed the float range when compressed");
+    }
+    out.tail.assign(tail_in.begin(), tail_in.end());
   }
 
   /// Eq. 4: into += from, in the compressed domain. Both must come from this

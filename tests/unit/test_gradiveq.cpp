@@ -614,14 +614,39 @@ TEST_CASE("gradiveq: bad input") {
     c.fit();
     gradiveq_payload p;
     c.encode(src.layer(4, 0, g), p);
-    const auto before = p.coefficients;
+    const auto fp = c.fingerprint();
     try {
       c.encode(bad, p);
       FAIL("accepted Inf");
     } catch (const non_finite_error& e) {
       CHECK(e.index() == 63);
     }
-    CHECK(p.coefficients == before);  // output untouched
+    CHECK(p.coefficients.empty());  // never a half-valid payload
+    CHECK(c.fingerprint() == fp);   // codec unchanged
+    // Every position of a NaN is found (the check is fused into the product),
+    // in any slice, and in the uncompressed tail.
+    linear_compressor<> ct(16 * 4 + 5, o);
+    counter_rng g2{9};
+    for (int i = 0; i < 3; ++i) ct.add_sample(src.layer(4, 5, g2));
+    ct.fit();
+    for (std::size_t at = 0; at < 69; ++at) {
+      auto y = src.layer(4, 5, g2);
+      y[at] = (at % 2) ? std::nanf("") : INFINITY;
+      try {
+        ct.encode(y, p);
+        FAIL("accepted a non-finite value");
+      } catch (const non_finite_error& e) {
+        CHECK(e.index() == at);
+      }
+    }
+    // Huge but finite values are not NaN: they encode.
+    auto huge = src.layer(4, 5, g2);
+    huge[3] = 1e30f;
+    CHECK_NOTHROW(ct.encode(huge, p));
+    // Finite values whose projection overflows float: a clear error, not Inf coefficients.
+    auto over = src.layer(4, 5, g2);
+    for (std::size_t i = 0; i < 16; ++i) over[i] = ct.basis()[i] < 0 ? -3.4e38f : 3.4e38f;
+    CHECK_THROWS_AS(ct.encode(over, p), invalid_argument_error);
     CHECK_THROWS_AS(c.add_sample(gaussian(63, 1)), size_mismatch_error);
   }
   SUBCASE("local_loss needs this node's own payload") {
