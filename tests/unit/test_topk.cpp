@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -29,6 +30,30 @@ std::vector<std::uint32_t> reference_topk(const std::vector<float>& x, std::size
   return order;
 }
 
+/// O(n) check that `sel` (increasing indices) is the exact top-|sel| of |x|
+/// with the lower-index tie rule: every selected magnitude >= every other,
+/// and at the smallest selected magnitude no unselected index precedes a selected one.
+bool is_exact_top(const std::vector<float>& x, const std::vector<std::uint32_t>& sel) {
+  if (!std::is_sorted(sel.begin(), sel.end()) || std::adjacent_find(sel.begin(), sel.end()) != sel.end()) return false;
+  if (sel.empty()) return true;
+  std::vector<char> in(x.size(), 0);
+  float t = std::numeric_limits<float>::infinity();
+  for (auto i : sel) {
+    in[i] = 1;
+    t = std::min(t, std::fabs(x[i]));
+  }
+  std::size_t last_selected_tie = 0, first_unselected_tie = x.size();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float a = std::fabs(x[i]);
+    if (!in[i] && a > t) return false;
+    if (a == t) {
+      if (in[i]) last_selected_tie = i;
+      else first_unselected_tie = std::min(first_unselected_tie, i);
+    }
+  }
+  return first_unselected_tie > last_selected_tie;
+}
+
 std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> d(0.0f, scale);
@@ -38,11 +63,29 @@ std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float scale = 1.0
 }
 
 template <class Policy>
-std::vector<std::uint32_t> exact(Policy p, const std::vector<float>& x, std::size_t k) {
+std::vector<std::uint32_t> exact(Policy p, const std::vector<float>& x, std::size_t k, std::uint64_t seed = 0) {
   topk_workspace ws;
   std::vector<std::uint32_t> out;
-  execution::topk_exact(p, std::span<const float>(x), k, out, ws);
+  execution::topk_exact(p, std::span<const float>(x), k, out, ws, seed, seed + 1);
   return out;
+}
+
+template <class Policy>
+std::vector<std::uint32_t> radix(Policy p, const std::vector<float>& x, std::size_t k) {
+  topk_workspace ws;
+  std::vector<std::uint32_t> out;
+  execution::topk_radix(p, std::span<const float>(x), k, out, ws);
+  return out;
+}
+
+/// Positions of the stratified sample the kernels draw for (n, k, seed, stream).
+std::vector<std::size_t> sample_positions(std::size_t n, std::size_t k, std::uint64_t seed, std::uint64_t stream) {
+  const auto plan = execution::topk_plan_sample(n, k);
+  REQUIRE_FALSE(plan.use_exact);
+  std::vector<std::size_t> pos(plan.samples);
+  execution::topk_detail::sample_positions(n, plan.samples, 0, plan.samples,
+                                           execution::topk_detail::sample_stream(seed, stream), pos.data());
+  return pos;
 }
 
 template <class Policy>
@@ -57,13 +100,33 @@ std::vector<std::uint32_t> sampled(Policy p, const std::vector<float>& x, std::s
 
 void check_exact_both(const std::vector<float>& x, std::size_t k) {
   const auto want = reference_topk(x, k);
-  const auto s = exact(execution::seq{}, x, k);
-  const auto v = exact(execution::simd{}, x, k);
-  CHECK(s == want);
-  CHECK(v == want);
+  CHECK(exact(execution::seq{}, x, k) == want);
+  CHECK(exact(execution::simd{}, x, k, 3) == want);
+  CHECK(radix(execution::seq{}, x, k) == want);
+  CHECK(radix(execution::simd{}, x, k) == want);
 }
 
 }  // namespace
+
+TEST_CASE("the O(n) top-k validator agrees with the full sort") {
+  std::mt19937 gen(1);
+  std::uniform_int_distribution<int> pick(-4, 4);
+  std::vector<float> x(300);
+  for (auto& v : x) v = float(pick(gen));
+  for (std::size_t k : {1u, 20u, 100u, 299u}) {
+    auto r = reference_topk(x, k);
+    CHECK(is_exact_top(x, r));
+    auto shifted = r;
+    shifted.back() = static_cast<std::uint32_t>(
+        std::find_if(x.begin(), x.end(), [&](float v) { return std::fabs(v) < std::fabs(x[r.back()]); }) - x.begin());
+    std::sort(shifted.begin(), shifted.end());
+    CHECK_FALSE(is_exact_top(x, shifted));
+  }
+  // Tie rule: swapping a tied selected index for a later unselected one fails.
+  std::vector<float> ties(10, 1.0f);
+  CHECK(is_exact_top(ties, {0, 1, 2}));
+  CHECK_FALSE(is_exact_top(ties, {0, 1, 3}));
+}
 
 TEST_CASE("topk_key orders magnitudes") {
   const float vals[] = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-30f, -0.5f, 1.0f, -3.0f,
@@ -155,7 +218,7 @@ TEST_CASE("topk_select_keys finds the k-th largest key and the count above it") 
 }
 
 TEST_CASE("sampled top-k: the selection is the exact top of its size, near k") {
-  const std::size_t n = 400000;
+  const std::size_t n = 200000;
   for (double ratio : {1.0, 0.1}) {
     const std::size_t k = sparse_selection_count(n, ratio);
     std::size_t total = 0;
@@ -166,7 +229,7 @@ TEST_CASE("sampled top-k: the selection is the exact top of its size, near k") {
       CAPTURE(ratio);
       CAPTURE(run);
       REQUIRE(s.size() <= k);
-      CHECK(s == reference_topk(x, s.size()));
+      CHECK(is_exact_top(x, s));
       CHECK(s == sampled(execution::simd{}, x, k, 42, run));
       total += s.size();
     }
@@ -204,6 +267,31 @@ TEST_CASE("sample plan: rank above the expected hits, sample much smaller than n
   CHECK(execution::topk_plan_sample(1000, 0).use_exact);
 }
 
+TEST_CASE("exact top-k when the sampled bracket misses: radix fallback") {
+  // Put a large value at every sampled position: the sampled threshold is
+  // that value, and fewer than k entries reach it (s < k), so topk_exact must
+  // fall back to the radix select; topk_sampled returns the s entries.
+  const std::size_t n = 1000000, k = sparse_selection_count(n, 1.0);
+  auto x = gaussian(n, 12);
+  const auto pos = sample_positions(n, k, 8, 9);
+  REQUIRE(pos.size() < k);
+  for (auto i : pos) x[i] = 10.0f;
+  for (auto policy_is_simd : {false, true}) {
+    topk_workspace ws;
+    std::vector<std::uint32_t> out;
+    if (policy_is_simd)
+      execution::topk_exact(execution::simd{}, std::span<const float>(x), k, out, ws, 8, 9);
+    else
+      execution::topk_exact(execution::seq{}, std::span<const float>(x), k, out, ws, 8, 9);
+    CHECK(out.size() == k);
+    CHECK(is_exact_top(x, out));
+  }
+  const auto s = sampled(execution::simd{}, x, k, 8, 9);
+  CHECK(s.size() == pos.size());
+  CHECK(is_exact_top(x, s));
+  CHECK(s == sampled(execution::seq{}, x, k, 8, 9));
+}
+
 TEST_CASE("sample positions are stratified and reproducible") {
   const auto rng = execution::topk_detail::sample_stream(5, 6);
   const std::size_t n = 1000003, s = 4099;
@@ -216,6 +304,26 @@ TEST_CASE("sample positions are stratified and reproducible") {
     prev = i;
     CHECK(i == execution::topk_detail::sample_position(n, s, j, execution::topk_detail::sample_stream(5, 6)));
   }
+  // The chunked, division-free generator draws the same positions from any start.
+  for (std::size_t j0 : {0u, 1u, 255u, 4000u}) {
+    std::vector<std::size_t> pos(s - j0);
+    execution::topk_detail::sample_positions(n, s, j0, pos.size(), rng, pos.data());
+    for (std::size_t t = 0; t < pos.size(); ++t)
+      REQUIRE(pos[t] == execution::topk_detail::sample_position(n, s, j0 + t, rng));
+  }
+}
+
+TEST_CASE("topk_scale_unselected scales exactly the complement") {
+  const auto x = gaussian(1000, 30);
+  const std::vector<std::uint32_t> keep = {0, 1, 17, 18, 500, 998};
+  auto a = x, b = x;
+  execution::topk_scale_unselected(execution::seq{}, std::span<float>(a), std::span<const std::uint32_t>(keep), 3.0f);
+  execution::topk_scale_unselected(execution::simd{}, std::span<float>(b), std::span<const std::uint32_t>(keep), 3.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const bool kept = std::find(keep.begin(), keep.end(), i) != keep.end();
+    CHECK(a[i] == (kept ? x[i] : x[i] * 3.0f));
+  }
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("collect kernels: simd equals seq, including scaling of the rest") {

@@ -1,8 +1,8 @@
 #pragma once
 /// \file system/generic/sparsify.hpp
 /// Generic (execution::seq) kernels of the sparsifying codecs: the state
-/// update y <- a*y + b*x fused with the first pass of the top-k selection of
-/// |y|, and the algorithm `axpby_topk` that combines them.
+/// update y <- a*y + b*x fused with a pass of the top-k selection of |y|
+/// (system/generic/topk.hpp), and the algorithm `axpby_topk` that combines them.
 ///
 /// The three updates of the codecs are all of this form:
 ///   sparsifier_with_memory  r <- 1*r + eta*g              (DGS Alg. 1 line 6)
@@ -93,21 +93,23 @@ inline void axpby_collect_ge(seq, std::span<float> y, std::span<const float> x, 
 /// stratified counter-based sample), without changing y.
 inline void axpby_sample_keys(seq, std::span<const float> y, std::span<const float> x, float a, float b,
                               std::uint64_t seed, std::uint64_t stream, std::span<std::uint32_t> out) {
-  const auto rng = topk_detail::sample_stream(seed, stream);
-  const std::size_t n = y.size(), s = out.size();
-  for (std::size_t j = 0; j < s; ++j) {
-    const std::size_t i = topk_detail::sample_position(n, s, j, rng);
-    out[j] = topk_key(sparsify_detail::axpby(a, y[i], b, x[i]));
-  }
+  topk_detail::sample_keys_with(y.size(), seed, stream, out, [&](std::size_t i) {
+    return topk_key(sparsify_detail::axpby(a, y[i], b, x[i]));
+  });
 }
 
 /// y <- a*y + b*x, then the top-k of |y| (ties: lower index first) as
 /// increasing indices in `out`; every entry not selected is multiplied by s
-/// (s == 1: untouched). Exact mode: radix select, two passes when the
-/// threshold's bin is small. Sampled mode (DGC): sampled threshold, one fused
-/// pass, exact re-selection among the candidates when more than k qualified;
-/// falls back to exact where topk_sampled does. Returns the number selected
-/// (exactly min(k, n) in exact mode, at most that in sampled mode).
+/// (s == 1: untouched). Returns the number selected.
+///
+/// exact (sampled == false): always exactly min(k, n), the same set as
+/// topk_radix on the updated y. A sampled threshold t brackets the k-th
+/// magnitude; one fused pass updates y and collects the entries >= t; when at
+/// least k were collected the exact top-k among them is the answer (and, for
+/// s != 1, one more pass scales the rest); otherwise, or when sampling does
+/// not pay, the radix select runs on the updated y.
+/// sampled (DGC): the same fused pass also scales the entries below t, and
+/// when fewer than k were collected they are all the selection (no fallback).
 template <class Policy>
 std::size_t axpby_topk(Policy policy, std::span<float> y, std::span<const float> x, float a, float b, std::size_t k,
                        float s, bool sampled, std::uint64_t seed, std::uint64_t stream, topk_workspace& ws,
@@ -120,23 +122,30 @@ std::size_t axpby_topk(Policy policy, std::span<float> y, std::span<const float>
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint32_t>(i);
     return n;
   }
-  if (sampled) {
-    const topk_sample_plan plan = topk_plan_sample(n, k);
-    if (!plan.use_exact) {
-      ws.keys.resize(plan.samples);
-      axpby_sample_keys(policy, std::span<const float>(y), x, a, b, seed, stream, std::span<std::uint32_t>(ws.keys));
-      const std::uint32_t t =
-          topk_select_keys(policy, std::span<std::uint32_t>(ws.keys), plan.rank, ws.scratch).key;
-      if (t != 0) {
-        out.reserve(k + k / 2 + 64);
-        axpby_collect_ge(policy, y, x, a, b, t, s, out);
-        if (s == 1.0f)
-          topk_keep_largest(policy, std::span<const float>(y), out, k, ws, [](std::uint32_t) {});
-        else
-          topk_keep_largest(policy, std::span<const float>(y), out, k, ws, [&](std::uint32_t i) { y[i] = y[i] * s; });
-        return out.size();
-      }
+  const std::uint32_t t = topk_detail::sampled_threshold(
+      policy, topk_plan_sample(n, k), ws, [&](std::span<std::uint32_t> keys) {
+        axpby_sample_keys(policy, std::span<const float>(y), x, a, b, seed, stream, keys);
+      });
+  if (t != 0) {
+    out.reserve(k + k / 2 + 64);
+    const std::span<const float> cy(y);
+    if (sampled) {
+      axpby_collect_ge(policy, y, x, a, b, t, s, out);
+      if (s == 1.0f)
+        topk_keep_largest(policy, cy, out, k, ws, [](std::uint32_t) {});
+      else
+        topk_keep_largest(policy, cy, out, k, ws, [&](std::uint32_t i) { y[i] = y[i] * s; });
+      return out.size();
     }
+    axpby_collect_ge(policy, y, x, a, b, t, 1.0f, out);
+    if (out.size() >= k) {
+      topk_keep_largest(policy, cy, out, k, ws, [](std::uint32_t) {});
+      if (s != 1.0f) topk_scale_unselected(policy, y, std::span<const std::uint32_t>(out), s);
+      return out.size();
+    }
+    // The bracket missed (fewer than k above t): y is updated, select on it.
+    topk_exact_levels(policy, y, k, s, false, ws, out);
+    return out.size();
   }
   axpby_histogram(policy, y, x, a, b, ws);
   topk_exact_levels(policy, y, k, s, true, ws, out);

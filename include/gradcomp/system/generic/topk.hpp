@@ -23,6 +23,11 @@
 /// Sampled threshold (DGC, Lin et al.): the threshold is estimated from a
 /// stratified random sample, entries at or above it are collected in one pass,
 /// and if more than k were collected the exact top-k among them is kept.
+///
+/// Algorithms: topk_radix (radix select only), topk_exact (sampled bracket,
+/// exact re-selection, radix fallback when the bracket holds fewer than k:
+/// same result as topk_radix, usually one pass), topk_sampled (DGC: the same
+/// without the fallback, so it may return fewer than k).
 /// Randomness comes from detail::counter_rng (a counter-based generator keyed
 /// by (seed, stream, sample index)): the same inputs give the same selection
 /// everywhere.
@@ -119,6 +124,44 @@ inline std::size_t sample_position(std::size_t n, std::size_t s, std::size_t j,
   return static_cast<std::size_t>(lo + rng.below(j, hi - lo));
 }
 
+/// sample_position for j in [j0, j0 + m), into pos[0, m). Stratum bounds are
+/// stepped without a division per sample (floor((j+1)n/s) - floor(jn/s) is
+/// q or q+1 with q = n/s), which keeps the loop free of microcoded divides.
+inline void sample_positions(std::size_t n, std::size_t s, std::size_t j0, std::size_t m,
+                             const gradcomp::detail::counter_stream& rng, std::size_t* pos) noexcept {
+  const std::uint64_t q = n / s, r = n % s;
+  std::uint64_t lo = std::uint64_t(j0) * n / s;
+  std::uint64_t acc = (std::uint64_t(j0) * r) % s;  // (j n) mod s
+  for (std::size_t t = 0; t < m; ++t) {
+    acc += r;
+    std::uint64_t width = q;
+    if (acc >= s) {
+      acc -= s;
+      ++width;
+    }
+    pos[t] = static_cast<std::size_t>(lo + rng.below(j0 + t, width));
+    lo += width;
+  }
+}
+
+/// Samples per chunk: positions are computed first, then gathered, so the
+/// cache misses of one chunk overlap.
+inline constexpr std::size_t sample_chunk = 256;
+
+/// out[j] = key_of(position of sample j) for the stratified sample of size out.size().
+template <class KeyOf>
+void sample_keys_with(std::size_t n, std::uint64_t seed, std::uint64_t stream, std::span<std::uint32_t> out,
+                      KeyOf&& key_of) {
+  const auto rng = sample_stream(seed, stream);
+  const std::size_t s = out.size();
+  std::size_t pos[sample_chunk];
+  for (std::size_t j0 = 0; j0 < s; j0 += sample_chunk) {
+    const std::size_t m = std::min(sample_chunk, s - j0);
+    sample_positions(n, s, j0, m, rng, pos);
+    for (std::size_t t = 0; t < m; ++t) out[j0 + t] = key_of(pos[t]);
+  }
+}
+
 /// Shared body of the collect kernels. Appends to `out` the indices i (in
 /// increasing order) with key > t, plus the first `need_eq` with key == t.
 /// With Scale, every entry not appended is multiplied by `s`.
@@ -145,14 +188,22 @@ void collect(std::span<T> x, std::uint32_t t, std::size_t need_eq, float s, std:
 
 /// Histogram of digit `level` of key(x[i]) over the entries whose higher
 /// digits equal `prefix` (level 0: all entries), into ws.hist[0, topk_bins).
+/// Scalar increments into interleaved sub-histograms; measured faster here
+/// than computing digits with SIMD and storing them for the increments (the
+/// wide-store to narrow-load round trip stalls), so it serves every policy.
 inline void topk_histogram(seq, std::span<const float> x, int level, std::uint32_t prefix, topk_workspace& ws) {
   constexpr std::size_t stride = topk_bins + 1;
   std::uint32_t* sub = ws.sub.data();
   const std::size_t n = x.size();
   std::size_t i = 0;
-  for (; i + topk_sub_histograms <= n; i += topk_sub_histograms)
-    for (std::size_t h = 0; h < topk_sub_histograms; ++h)
-      ++sub[h * stride + topk_detail::digit_or_discard(topk_key(x[i + h]), level, prefix)];
+  if (level == 0) {  // the common pass: no prefix to test
+    for (; i + topk_sub_histograms <= n; i += topk_sub_histograms)
+      for (std::size_t h = 0; h < topk_sub_histograms; ++h) ++sub[h * stride + (topk_key(x[i + h]) >> topk_level_shift[0])];
+  } else {
+    for (; i + topk_sub_histograms <= n; i += topk_sub_histograms)
+      for (std::size_t h = 0; h < topk_sub_histograms; ++h)
+        ++sub[h * stride + topk_detail::digit_or_discard(topk_key(x[i + h]), level, prefix)];
+  }
   for (; i < n; ++i) ++sub[topk_detail::digit_or_discard(topk_key(x[i]), level, prefix)];
   topk_detail::reduce_sub_histograms(ws);
 }
@@ -226,9 +277,7 @@ inline topk_threshold topk_select_keys(seq, std::span<std::uint32_t> keys, std::
 /// stratum of n/s entries) from the counter-based stream (seed, stream).
 inline void topk_sample_keys(seq, std::span<const float> x, std::uint64_t seed, std::uint64_t stream,
                              std::span<std::uint32_t> out) {
-  const auto rng = topk_detail::sample_stream(seed, stream);
-  const std::size_t n = x.size(), s = out.size();
-  for (std::size_t j = 0; j < s; ++j) out[j] = topk_key(x[topk_detail::sample_position(n, s, j, rng)]);
+  topk_detail::sample_keys_with(x.size(), seed, stream, out, [&](std::size_t i) { return topk_key(x[i]); });
 }
 
 /// Size of the sample and the rank within it whose key becomes the sampled
@@ -241,7 +290,7 @@ struct topk_sample_plan {
   std::size_t rank = 0;
   bool use_exact = true;
 };
-inline constexpr double topk_sample_expected_hits = 128.0;  ///< target of s*k/n
+inline constexpr double topk_sample_expected_hits = 64.0;  ///< target of s*k/n
 inline constexpr std::size_t topk_min_samples = 4096;
 
 inline topk_sample_plan topk_plan_sample(std::size_t n, std::size_t k) noexcept {
@@ -345,10 +394,24 @@ void topk_exact_levels(Policy policy, std::span<T> x, std::size_t k, float s, bo
   }
 }
 
-/// Exact top-k of |x| (radix select): the min(k, n) largest magnitudes, lower
-/// index first among ties, as increasing indices in `out`.
+/// y[i] <- y[i] * s for every i not in `selected` (increasing indices).
+inline void topk_scale_unselected(seq, std::span<float> y, std::span<const std::uint32_t> selected, float s) {
+  std::size_t from = 0;
+  auto scale_range = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) y[i] = y[i] * s;
+  };
+  for (std::uint32_t i : selected) {
+    scale_range(from, i);
+    from = std::size_t{i} + 1;
+  }
+  scale_range(from, y.size());
+}
+
+/// Pure radix select: the min(k, n) largest |x|, lower index first among
+/// ties, as increasing indices in `out`. A histogram pass and a collecting
+/// pass in the common case; no randomness, so its cost does not vary.
 template <class Policy>
-void topk_exact(Policy policy, std::span<const float> x, std::size_t k, std::vector<std::uint32_t>& out,
+void topk_radix(Policy policy, std::span<const float> x, std::size_t k, std::vector<std::uint32_t>& out,
                 topk_workspace& ws) {
   if (k >= x.size()) {
     out.resize(x.size());
@@ -358,20 +421,60 @@ void topk_exact(Policy policy, std::span<const float> x, std::size_t k, std::vec
   topk_exact_levels(policy, x, k, 1.0f, false, ws, out);
 }
 
-/// Sampled top-k of |x| (DGC): threshold from a stratified sample of the
-/// stream (seed, stream), one collecting pass, then the exact top-k among the
-/// candidates if more than k qualified. Returns the number selected (<= k;
-/// fewer only when the sampled threshold overshot the true k-th magnitude).
-/// Falls back to topk_exact when a sample would not be much smaller than x
-/// or the sampled threshold is zero.
+namespace topk_detail {
+/// The sampled threshold key of `plan` (0 when no sample is taken);
+/// sample_into(span) fills the sample keys.
+template <class Policy, class SampleInto>
+std::uint32_t sampled_threshold(Policy policy, const topk_sample_plan& plan, topk_workspace& ws,
+                                SampleInto&& sample_into) {
+  if (plan.use_exact) return 0;
+  ws.keys.resize(plan.samples);
+  sample_into(std::span<std::uint32_t>(ws.keys));
+  return topk_select_keys(policy, std::span<std::uint32_t>(ws.keys), plan.rank, ws.scratch).key;
+}
+}  // namespace topk_detail
+
+/// Exact top-k of |x|: the min(k, n) largest magnitudes, lower index first
+/// among ties, as increasing indices in `out` -- always the same result as
+/// topk_radix. A stratified sample (stream (seed, stream)) gives a threshold
+/// t a little below the k-th magnitude; one collecting pass takes every
+/// entry with key >= t and, when at least k qualified, the exact top-k among
+/// them is the answer (every larger entry is a candidate). When fewer than k
+/// qualified (about 0.1% of calls on continuous data), or when sampling does
+/// not pay (small x, large k, t == 0), it runs topk_radix. The seed only
+/// changes the work, never the result.
+template <class Policy>
+void topk_exact(Policy policy, std::span<const float> x, std::size_t k, std::vector<std::uint32_t>& out,
+                topk_workspace& ws, std::uint64_t seed = 0, std::uint64_t stream = 0) {
+  if (k < x.size()) {
+    const std::uint32_t t = topk_detail::sampled_threshold(
+        policy, topk_plan_sample(x.size(), k), ws,
+        [&](std::span<std::uint32_t> keys) { topk_sample_keys(policy, x, seed, stream, keys); });
+    if (t != 0) {
+      out.clear();
+      out.reserve(k + k / 2 + 64);
+      topk_collect_ge(policy, x, t, out);
+      if (out.size() >= k) {
+        topk_keep_largest(policy, x, out, k, ws, [](std::uint32_t) {});
+        return;
+      }
+    }
+  }
+  topk_radix(policy, x, k, out, ws);
+}
+
+/// Sampled top-k of |x| (DGC): the same sampled threshold and collecting pass
+/// as topk_exact, then the exact top-k among the candidates when more than k
+/// qualified, but no fallback: when fewer than k qualified they are all the
+/// selection. Returns the number selected (<= k; the selection is always the
+/// exact top of its own size). Runs topk_radix where sampling does not pay.
 template <class Policy>
 std::size_t topk_sampled(Policy policy, std::span<const float> x, std::size_t k, std::uint64_t seed,
                          std::uint64_t stream, std::vector<std::uint32_t>& out, topk_workspace& ws) {
-  const topk_sample_plan plan = topk_plan_sample(x.size(), k);
-  if (!plan.use_exact) {
-    ws.keys.resize(plan.samples);
-    topk_sample_keys(policy, x, seed, stream, std::span<std::uint32_t>(ws.keys));
-    const std::uint32_t t = topk_select_keys(policy, std::span<std::uint32_t>(ws.keys), plan.rank, ws.scratch).key;
+  if (k < x.size()) {
+    const std::uint32_t t = topk_detail::sampled_threshold(
+        policy, topk_plan_sample(x.size(), k), ws,
+        [&](std::span<std::uint32_t> keys) { topk_sample_keys(policy, x, seed, stream, keys); });
     if (t != 0) {
       out.clear();
       out.reserve(k + k / 2 + 64);
@@ -380,7 +483,7 @@ std::size_t topk_sampled(Policy policy, std::span<const float> x, std::size_t k,
       return out.size();
     }
   }
-  topk_exact(policy, x, k, out, ws);
+  topk_radix(policy, x, k, out, ws);
   return out.size();
 }
 

@@ -45,25 +45,29 @@ inline void axpby_update(simd, std::span<float> y, std::span<const float> x, flo
   for (std::size_t i = vec_end; i < n; ++i) py[i] = sparsify_detail::axpby(a, py[i], b, px[i]);
 }
 
-/// Vectorised axpby_histogram.
+/// Vectorised axpby_histogram: a block is updated with SIMD, then its keys
+/// are counted by the scalar loop while the block is in L1 (reading back the
+/// just-stored batch lane by lane would stall on store forwarding).
 inline void axpby_histogram(simd, std::span<float> y, std::span<const float> x, float a, float b,
                             topk_workspace& ws) {
   using namespace sparsify_simd_detail;
   constexpr std::size_t stride = topk_bins + 1;
+  constexpr std::size_t block = 256;
+  static_assert(block % width == 0 && block % topk_sub_histograms == 0);
   std::uint32_t* sub = ws.sub.data();
   const fbatch ab(a), bb(b);
   const std::size_t n = y.size();
-  const std::size_t vec_end = n - n % width;
+  const std::size_t blocks_end = n - n % block;
   float* py = y.data();
   const float* px = x.data();
-  alignas(64) std::int32_t d[width];
-  for (std::size_t i = 0; i < vec_end; i += width) {
-    const fbatch v = axpby(ab, xsimd::load_unaligned(py + i), bb, xsimd::load_unaligned(px + i));
-    v.store_unaligned(py + i);
-    (topk_simd_detail::keys_of(v) >> static_cast<std::int32_t>(topk_level_shift[0])).store_aligned(d);
-    for (std::size_t j = 0; j < width; ++j) ++sub[(j % topk_sub_histograms) * stride + static_cast<std::uint32_t>(d[j])];
+  for (std::size_t i0 = 0; i0 < blocks_end; i0 += block) {
+    for (std::size_t i = i0; i < i0 + block; i += width)
+      axpby(ab, xsimd::load_unaligned(py + i), bb, xsimd::load_unaligned(px + i)).store_unaligned(py + i);
+    for (std::size_t i = i0; i < i0 + block; i += topk_sub_histograms)
+      for (std::size_t h = 0; h < topk_sub_histograms; ++h)
+        ++sub[h * stride + (topk_key(py[i + h]) >> topk_level_shift[0])];
   }
-  for (std::size_t i = vec_end; i < n; ++i) {
+  for (std::size_t i = blocks_end; i < n; ++i) {
     const float v = sparsify_detail::axpby(a, py[i], b, px[i]);
     py[i] = v;
     ++sub[topk_key(v) >> topk_level_shift[0]];

@@ -4,7 +4,8 @@
 /// select exactly what the generic kernels select (integer key comparisons)
 /// and scale with the same float multiplications, so results are identical.
 /// The collecting scans test a whole batch at once and only look at single
-/// lanes in the rare batches holding a candidate.
+/// lanes in the rare batches holding a candidate. The histogram pass has no
+/// simd overload: the generic scalar one is faster (see generic/topk.hpp).
 
 #include <bit>
 #include <cstddef>
@@ -105,26 +106,22 @@ void collect(std::span<T> x, std::uint32_t t, std::size_t need_eq, float s, std:
 
 }  // namespace topk_simd_detail
 
-/// Vectorised topk_histogram: digits computed a batch at a time, counted in
-/// interleaved sub-histograms. Levels > 0 (only reached when the threshold's
-/// bin is huge, e.g. massive ties) use the generic kernel.
-inline void topk_histogram(simd, std::span<const float> x, int level, std::uint32_t prefix, topk_workspace& ws) {
+/// Vectorised topk_scale_unselected: multiplies the runs between selected indices.
+inline void topk_scale_unselected(simd, std::span<float> y, std::span<const std::uint32_t> selected, float s) {
   using namespace topk_simd_detail;
-  if (level > 0) {
-    topk_histogram(seq{}, x, level, prefix, ws);
-    return;
+  const fbatch sb(s);
+  float* p = y.data();
+  auto scale_range = [&](std::size_t begin, std::size_t end) {
+    std::size_t i = begin;
+    for (; i + width <= end; i += width) (xsimd::load_unaligned(p + i) * sb).store_unaligned(p + i);
+    for (; i < end; ++i) p[i] = p[i] * s;
+  };
+  std::size_t from = 0;
+  for (std::uint32_t i : selected) {
+    scale_range(from, i);
+    from = std::size_t{i} + 1;
   }
-  constexpr std::size_t stride = topk_bins + 1;
-  std::uint32_t* sub = ws.sub.data();
-  const std::size_t n = x.size();
-  const std::size_t vec_end = n - n % width;
-  alignas(64) std::int32_t d[width];
-  for (std::size_t i = 0; i < vec_end; i += width) {
-    (keys_of(xsimd::load_unaligned(x.data() + i)) >> static_cast<std::int32_t>(topk_level_shift[0])).store_aligned(d);
-    for (std::size_t j = 0; j < width; ++j) ++sub[(j % topk_sub_histograms) * stride + static_cast<std::uint32_t>(d[j])];
-  }
-  for (std::size_t i = vec_end; i < n; ++i) ++sub[topk_key(x[i]) >> topk_level_shift[0]];
-  topk_detail::reduce_sub_histograms(ws);
+  scale_range(from, y.size());
 }
 
 /// Vectorised topk_collect_ge.
