@@ -12,6 +12,8 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
+#include <gradcomp/parameter_server.hpp>
+#include <gradcomp/samomentum.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -69,8 +71,7 @@ std::string config_unavailable(config_id c) {
     case config_id::two_bit:
     case config_id::topk: return {};
     case config_id::qsgd4: return "not wired in this build yet (waits for include/gradcomp/qsgd.hpp)";
-    case config_id::dgs:
-      return "not wired in this build yet (waits for include/gradcomp/parameter_server.hpp and samomentum.hpp)";
+    case config_id::dgs: return {};
     case config_id::lgc: return "not wired in this build yet (waits for include/gradcomp/autoencoder.hpp)";
   }
   return "unknown configuration";
@@ -494,7 +495,137 @@ gradcomp::sparsifier_options topk_config(const run_options& o) {
   return s;
 }
 
+
+// --- DGS ---------------------------------------------------------------------
+
+using dgs_codec = gradcomp::sa_momentum<policy>;
+
+gradcomp::layer_partition partition_of(std::span<const layer_desc> layers) {
+  std::vector<std::size_t> sizes;
+  for (const auto& l : layers) sizes.push_back(l.shape.size());
+  return gradcomp::layer_partition(std::move(sizes));
+}
+
+gradcomp::dgs_rule<policy> dgs_config(const run_options& o) {
+  gradcomp::dgs_rule<policy> r;
+  r.ratio_percent = 100.0 - o.dgs_sparsity;
+  r.momentum = float(o.dgs_momentum);
+  r.mode = gradcomp::threshold_mode::exact;
+  r.seed = o.seed;
+  return r;
+}
+
+/// A worker of the asynchronous DGS parameter server (seed 001, Alg. 3 at
+/// the worker): SAMomentum sparsifies m*u + lr*(grad + wd*w) per layer to the
+/// top (100 - sparsity)% and pushes it; the reply (the model difference,
+/// secondarily compressed) is written into the worker's model, which
+/// exchange() hands back as the new parameters.
+///
+/// Learning rate: an asynchronous push moves the model by one worker's
+/// local-batch step, and SAMomentum's m differs from SGD's, so the pushed
+/// rate is lr * (1 - m_dgs) / (1 - m_sgd) / N: the same step size per image
+/// as the synchronous runs (N pushes of one local batch each = one global batch).
+class dgs_exchanger final : public exchanger {
+ public:
+  dgs_exchanger(counted_transport& t, std::span<const layer_desc> layers, const run_options& o,
+                std::span<const std::vector<float>> initial)
+      : t_(t),
+        worker_(partition_of(layers), dgs_config(o)),
+        scale_((1.0 - o.dgs_momentum) / (1.0 - o.momentum) / double(t.size() - 1)),
+        weight_decay_(o.weight_decay) {
+    for (const auto& v : initial) model_.insert(model_.end(), v.begin(), v.end());
+    grad_.resize(model_.size());
+  }
+  update_kind kind() const noexcept override { return update_kind::model; }
+  bool synchronous() const noexcept override { return false; }
+  std::string target_label() const override { return "all"; }
+
+  void exchange(std::size_t, double lr, std::span<const std::span<float>> layers) override {
+    std::size_t at = 0;
+    for (auto layer : layers)
+      for (float g : layer) {
+        grad_[at] = g + float(weight_decay_) * model_[at];
+        ++at;
+      }
+    const auto up = worker_.stats().bytes_up, down = worker_.stats().bytes_down;
+    const auto reply = worker_.step(t_, grad_, float(lr * scale_), model_);
+    if (reply.status == gradcomp::ps_pull_status::rejected)
+      throw gradcomp::state_error("dgs: the server rejected a push (reason " + std::to_string(int(reply.reason)) + ")");
+    counters.raw_bytes += 4 * model_.size();
+    counters.target_raw_bytes += 4 * model_.size();
+    counters.encoded_bytes += worker_.stats().bytes_up - up;
+    counters.target_encoded_bytes += worker_.stats().bytes_up - up;
+    counters.received_bytes += worker_.stats().bytes_down - down;
+    entries_received_ += reply.entries;
+    ++pushes_;
+    write_model(layers);
+  }
+
+  bool finish(counted_transport& ctl, std::span<const std::span<float>> model_out) override {
+    // Every push is served before anyone pulls the final model.
+    barrier(ctl, 120);
+    worker_.join(t_, model_);
+    worker_.leave(t_);
+    write_model(model_out);
+    return true;
+  }
+
+  std::string summary() const override {
+    char b[200];
+    std::snprintf(b, sizeof b,
+                  "worker 0: %.1f model entries received per pull (of %zu); replicas differ while training and "
+                  "pull the server's final model at the end",
+                  pushes_ ? double(entries_received_) / double(pushes_) : 0.0, model_.size());
+    return b;
+  }
+
+ private:
+  void write_model(std::span<const std::span<float>> layers) const {
+    std::size_t at = 0;
+    for (auto layer : layers) {
+      std::copy(model_.begin() + std::ptrdiff_t(at), model_.begin() + std::ptrdiff_t(at + layer.size()), layer.begin());
+      at += layer.size();
+    }
+  }
+  counted_transport& t_;
+  gradcomp::async_ps_worker<dgs_codec, policy> worker_;
+  std::vector<float> model_, grad_;
+  double scale_;
+  double weight_decay_;
+  std::uint64_t entries_received_ = 0, pushes_ = 0;
+};
+
 }  // namespace
+
+bool uses_parameter_server(config_id c) noexcept { return c == config_id::dgs; }
+
+std::string run_dgs_server(counted_transport& t, const run_options& o, std::span<const layer_desc> layers,
+                           std::span<const std::vector<float>> initial, std::size_t total_steps) {
+  const int workers = t.size() - 1;
+  std::vector<float> theta0;
+  for (const auto& v : initial) theta0.insert(theta0.end(), v.begin(), v.end());
+  gradcomp::async_ps_options opt;
+  opt.downlink = gradcomp::ps_downlink::model_difference;
+  opt.secondary_ratio = o.dgs_secondary ? 100.0 - o.dgs_sparsity : 0.0;
+  // Deterministic mode: pushes served round-robin (worker 0, 1, ..., N-1, 0, ...),
+  // so the run depends on the seed only; each gradient is still computed on a
+  // model N-1 updates stale, as in a free-running run of equally fast workers.
+  opt.schedule.reserve(std::size_t(workers) * total_steps);
+  for (std::size_t s = 0; s < total_steps; ++s)
+    for (int k = 0; k < workers; ++k) opt.schedule.push_back(k);
+  gradcomp::async_ps_server<dgs_codec, policy> server(partition_of(layers), theta0, workers, dgs_config(o), opt);
+  const auto& st = server.serve(t);
+  std::uint64_t up = 0, down = 0;
+  for (auto b : st.bytes_up) up += b;
+  for (auto b : st.bytes_down) down += b;
+  char b[300];
+  std::snprintf(b, sizeof b, "server: %llu pushes, %llu rejected, %llu resyncs; %.1f KiB up and %.1f KiB down per push%s%s",
+                (unsigned long long)st.pushes, (unsigned long long)st.rejected, (unsigned long long)st.resyncs,
+                st.pushes ? double(up) / double(st.pushes) / 1024.0 : 0.0,
+                st.pushes ? double(down) / double(st.pushes) / 1024.0 : 0.0, st.last_error.empty() ? "" : "; ",
+                st.last_error.c_str());
+  return b;
+}
 
 void validate_codec_options(config_id c, const run_options& o, std::span<const layer_desc> layers) {
   if (auto why = config_unavailable(c); !why.empty())
@@ -514,6 +645,13 @@ void validate_codec_options(config_id c, const run_options& o, std::span<const l
       if (!std::isfinite(o.two_bit_threshold)) throw gradcomp::invalid_argument_error("two_bit: threshold must be finite");
       gradcomp::two_bit_quantizer<policy>(1, two_bit_config(o));
       break;
+    case config_id::dgs:
+      if (!(o.dgs_sparsity >= 0 && o.dgs_sparsity < 100))
+        throw gradcomp::invalid_argument_error("dgs: --dgs-sparsity must be in [0, 100), got " + std::to_string(o.dgs_sparsity));
+      if (!(o.dgs_momentum > 0 && o.dgs_momentum < 1))
+        throw gradcomp::invalid_argument_error("dgs: --dgs-momentum must be in (0, 1), got " + std::to_string(o.dgs_momentum));
+      dgs_config(o)(0, 1);
+      break;
     case config_id::topk:
       if (!(o.topk_percent > 0 && o.topk_percent <= 100))
         throw gradcomp::invalid_argument_error("topk: --topk-percent must be in (0, 100], got " + std::to_string(o.topk_percent));
@@ -524,7 +662,8 @@ void validate_codec_options(config_id c, const run_options& o, std::span<const l
 }
 
 std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, counted_transport& data,
-                                          std::span<const layer_desc> layers, std::size_t total_steps) {
+                                          std::span<const layer_desc> layers, std::span<const std::vector<float>> initial,
+                                          std::size_t total_steps) {
   validate_codec_options(c, o, layers);
   (void)total_steps;
   switch (c) {
@@ -542,6 +681,7 @@ std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, cou
       return std::make_unique<gather_exchanger<gradcomp::sparsifier_with_memory<policy>>>(
           data, layers, [&](std::size_t n) { return gradcomp::sparsifier_with_memory<policy>(n, opt); }, "");
     }
+    case config_id::dgs: return std::make_unique<dgs_exchanger>(data, layers, o, initial);
     default: break;
   }
   throw gradcomp::invalid_argument_error(std::string(config_name(c)) + ": " + config_unavailable(c));

@@ -19,7 +19,7 @@ namespace train {
 /// What exchange() leaves in the spans.
 enum class update_kind {
   gradient,     ///< the aggregated (mean) gradient: written to .grad, then momentum SGD
-  model_delta,  ///< a model difference to add to the parameters (asynchronous DGS)
+  model,        ///< the new parameters themselves (asynchronous DGS: the server's values)
 };
 
 /// One worker's exchange. exchange() is collective: every worker calls it
@@ -34,8 +34,17 @@ class exchanger {
   virtual void exchange(std::size_t step, double lr, std::span<const std::span<float>> layers) = 0;
   /// Short name of the current phase for the progress line ("warm-up", "L_t", ...), or "".
   virtual std::string phase() const { return {}; }
-  /// Called once after the last step (a parameter server stops here).
-  virtual void finish() {}
+  /// False for asynchronous exchanges: no barrier before them, and the
+  /// replicas differ until finish().
+  virtual bool synchronous() const noexcept { return true; }
+  /// Called once after the last step, collectively over the workers' `ctl`.
+  /// Returns true if it wrote a final model into `model_out` (DGS: every
+  /// worker pulls the server's final model, so the replicas agree again).
+  virtual bool finish(counted_transport& ctl, std::span<const std::span<float>> model_out) {
+    (void)ctl;
+    (void)model_out;
+    return false;
+  }
   /// One line for the table's note (phase statistics, bases), or "".
   virtual std::string summary() const { return {}; }
   /// Which layers the codec targets, for the "target ratio" column.
@@ -50,8 +59,18 @@ std::string config_unavailable(config_id c);
 /// The exchange of configuration `c` for the worker behind `data` (counted
 /// transport, every byte it moves is a measured byte).
 /// Throws gradcomp::invalid_argument_error for invalid codec parameters.
+/// `initial` holds the initial parameters, per layer (DGS keeps the model).
 std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& options, counted_transport& data,
-                                          std::span<const layer_desc> layers, std::size_t total_steps);
+                                          std::span<const layer_desc> layers, std::span<const std::vector<float>> initial,
+                                          std::size_t total_steps);
+
+/// True if configuration `c` needs a parameter-server rank (rank 0, workers 1..N).
+bool uses_parameter_server(config_id c) noexcept;
+
+/// The DGS server (rank 0 of `t`, workers are ranks 1..N): serves until every
+/// worker has left. Returns a one-line summary of its counters.
+std::string run_dgs_server(counted_transport& t, const run_options& options, std::span<const layer_desc> layers,
+                           std::span<const std::vector<float>> initial, std::size_t total_steps);
 
 /// Exactly the check make_exchanger does on the options, without a transport,
 /// so bad parameters are reported before any training starts.

@@ -145,6 +145,7 @@ struct run_context {
   const data_plan* plan;
   const small_resnet* prototype;
   std::vector<layer_desc> layers;
+  std::vector<std::vector<float>> initial;  ///< the prototype's parameters, per layer
   std::size_t total_steps = 0;
   std::size_t eval_interval = 0;
   int torch_threads = 1;
@@ -213,7 +214,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
   if (params.size() != ctx.layers.size()) throw std::logic_error("parameter list and layer list differ");
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 
-  auto ex = make_exchanger(ctx.config, o, data, ctx.layers, ctx.total_steps);
+  auto ex = make_exchanger(ctx.config, o, data, ctx.layers, ctx.initial, ctx.total_steps);
   std::vector<std::vector<float>> grads(params.size());
   std::vector<std::span<float>> spans(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -269,8 +270,9 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     return acc;
   };
 
+  bool in_sync = ex->synchronous();  // asynchronous replicas agree only after finish()
   auto check_replicas = [&](std::size_t step) {
-    if (ctl.size() == 1 || ex->kind() != update_kind::gradient) return;
+    if (ctl.size() == 1 || !in_sync) return;
     const std::uint64_t h = parameter_checksum(net);
     std::vector<std::byte> b(sizeof h);
     std::memcpy(b.data(), &h, sizeof h);
@@ -322,7 +324,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     compute_s += seconds_since(t0);
 
     const double lr = learning_rate(o, step, ctx.total_steps);
-    if (ctl.size() > 1) barrier(ctl, tag_barrier);  // the exchange time excludes waiting for stragglers
+    if (ctl.size() > 1 && ex->synchronous()) barrier(ctl, tag_barrier);  // exchange time excludes stragglers
     const auto t1 = clock_type::now();
     ex->exchange(step, lr, spans);
     aggregation_s += seconds_since(t1);
@@ -337,9 +339,9 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
         for (auto& group : optimizer.param_groups())
           static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
         optimizer.step();
-      } else {
+      } else {  // update_kind::model: the new parameters
         for (std::size_t i = 0; i < params.size(); ++i)
-          params[i].add_(torch::from_blob(grads[i].data(), params[i].sizes(), torch::kFloat32));
+          params[i].copy_(torch::from_blob(grads[i].data(), params[i].sizes(), torch::kFloat32));
       }
     }
 
@@ -362,13 +364,20 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     if (o.check_every && done % o.check_every == 0) check_replicas(done);
     if (done % ctx.eval_interval == 0 && done != ctx.total_steps) record_point(done, false);
   }
-  ex->finish();
+  // The training traffic, before any final synchronisation.
+  const double sent_training = double(data.bytes_sent());
+  if (ex->finish(ctl, spans)) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i].copy_(torch::from_blob(grads[i].data(), params[i].sizes(), torch::kFloat32));
+    in_sync = true;
+  }
   check_replicas(ctx.total_steps);
   const double final_acc = record_point(ctx.total_steps, true);
   const double wall = seconds_since(t_start);
 
   // Bytes per worker per step, mean over the workers.
-  const double local[2] = {double(data.bytes_sent()), double(ex->counters.received_bytes)};
+  const double local[2] = {sent_training, double(ex->counters.received_bytes)};
   auto all = allgather_doubles(ctl, local, tag_final);
   double sent = 0, recv = 0;
   for (auto& v : all) {
@@ -412,19 +421,35 @@ std::vector<layer_desc> describe_layers(small_resnet& net) {
   return out;
 }
 
-/// Runs one configuration on the in-process transport and returns worker 0's report.
+/// Runs one configuration on the in-process transport and returns worker 0's
+/// report. A parameter-server configuration gets one more rank, rank 0, for
+/// the server; its workers are ranks 1..N and run their own collectives
+/// (evaluation, checksums) over the view of ranks 1..N.
 run_result run_inproc(const run_context& ctx) {
   worker_report report;
+  std::string server_summary;
   const int n = ctx.config == config_id::msgd_single ? 1 : ctx.options->workers;
+  const bool ps = uses_parameter_server(ctx.config);
   gradcomp::transport::inproc_options topt;
   topt.recv_timeout = std::chrono::minutes(10);
   gradcomp::transport::run_workers(
-      n,
+      ps ? n + 1 : n,
       [&](gradcomp::transport::inproc_endpoint& ep) {
-        counted_transport data(ep), ctl(ep);
-        worker_main(ctx, data, ctl, ep.rank() == 0 ? &report : nullptr);
+        counted_transport data(ep);
+        if (!ps) {
+          counted_transport ctl(ep);
+          worker_main(ctx, data, ctl, ep.rank() == 0 ? &report : nullptr);
+        } else if (ep.rank() == 0) {
+          server_summary = run_dgs_server(data, *ctx.options, ctx.layers, ctx.initial, ctx.total_steps);
+        } else {
+          rank_offset_view<gradcomp::transport::inproc_endpoint> workers(ep, 1, n);
+          counted_transport ctl(workers);
+          worker_main(ctx, data, ctl, ep.rank() == 1 ? &report : nullptr);
+        }
       },
       topt);
+  if (!server_summary.empty())
+    report.result.note += (report.result.note.empty() ? "" : "; ") + server_summary;
   return report.result;
 }
 
@@ -569,6 +594,11 @@ int real_main(int argc, char** argv) {
   torch::manual_seed(o.seed);
   small_resnet prototype;
   const auto layers = describe_layers(prototype);
+  std::vector<std::vector<float>> initial;
+  for (const auto& p : prototype->parameters()) {
+    auto c = p.detach().contiguous();
+    initial.emplace_back(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
   for (auto c : selected)
     if (config_unavailable(c).empty()) validate_codec_options(c, o, layers);
 
@@ -605,7 +635,7 @@ int real_main(int argc, char** argv) {
       skipped.push_back(std::string(config_name(c)) + ": " + why);
       continue;
     }
-    run_context ctx{c, &o, &data, &plan, &prototype, layers, total_steps, 0, 1, &std::cout};
+    run_context ctx{c, &o, &data, &plan, &prototype, layers, initial, total_steps, 0, 1, &std::cout};
     ctx.eval_interval =
         std::max<std::size_t>(1, plan.steps_per_epoch / std::size_t(o.evals_per_epoch));
     const int n = c == config_id::msgd_single ? 1 : o.workers;

@@ -12,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
 
 namespace train {
 
@@ -120,5 +122,32 @@ class counted_transport {
 };
 
 static_assert(gradcomp::Transport<counted_transport>);
+
+/// Ranks [first, first + count) of a transport seen as ranks [0, count): the
+/// workers of a parameter-server run (server = rank 0, worker k = rank k+1)
+/// use it for their own collectives (evaluation, checksums, barriers).
+template <gradcomp::Transport T>
+class rank_offset_view {
+ public:
+  rank_offset_view(T& t, int first, int count) : t_(&t), first_(first), count_(count) {
+    if (first < 0 || count < 1 || first + count > static_cast<int>(t.size()) || static_cast<int>(t.rank()) < first ||
+        static_cast<int>(t.rank()) >= first + count)
+      throw gradcomp::invalid_argument_error("rank_offset_view: rank range outside the transport or this rank");
+  }
+  int rank() const { return static_cast<int>(t_->rank()) - first_; }
+  int size() const { return count_; }
+  auto isend(int peer, int tag, std::vector<std::byte>&& b) { return t_->isend(map(peer), tag, std::move(b)); }
+  auto irecv(int peer, int tag) { return t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag); }
+
+ private:
+  int map(int peer) const {
+    if (peer < 0 || peer >= count_)
+      throw gradcomp::invalid_argument_error("rank_offset_view: peer " + std::to_string(peer) + " outside [0, " +
+                                             std::to_string(count_) + ")");
+    return peer + first_;
+  }
+  T* t_;
+  int first_, count_;
+};
 
 }  // namespace train
