@@ -94,8 +94,10 @@ class sa_momentum {
     });
   }
 
-  /// Restores a state from save_state() (options adopted); continues bit for
-  /// bit. Throws wire_error for malformed bytes, size_mismatch_error for
+  /// Restores a state from save_state(); continues bit for bit. The state
+  /// must come from a codec configured the same way (R, m, mode, seed), else
+  /// state_error; eta (set_learning_rate, a schedule value) is taken from the
+  /// state. Throws wire_error for malformed bytes, size_mismatch_error for
   /// another layer size, state_error for another codec kind; on error
   /// nothing changes.
   void restore_state(std::span<const std::byte> bytes) {
@@ -122,8 +124,10 @@ class sa_momentum {
     }
     auto velocity = detail::read_finite_floats(r, n_, "velocity");
     r.expect_end();
-    options_ = o;
-    k_ = sparse_selection_count(n_, o.ratio_percent);
+    if (o.ratio_percent != options_.ratio_percent || o.momentum != options_.momentum || o.mode != options_.mode ||
+        o.seed != options_.seed)
+      throw state_error("sa_momentum::restore_state: the state was saved by a codec with other options");
+    options_.learning_rate = o.learning_rate;
     steps_ = steps;
     velocity_ = std::move(velocity);
     last_selected_ = 0;

@@ -42,10 +42,19 @@
 
 namespace gradcomp {
 
-/// How the top-R% threshold is found.
+/// How the top-R% threshold is found (system/generic/topk.hpp, axpby_topk).
 enum class threshold_mode : std::uint8_t {
-  exact = 0,    ///< radix select: exactly k entries, ties broken towards the lower index
-  sampled = 1,  ///< DGC: threshold from a random sample, exact re-selection among the candidates; <= k entries
+  /// Exactly k entries: the k largest magnitudes, lower index first among
+  /// equal magnitudes. A stratified sample brackets the threshold so that one
+  /// fused pass collects a small candidate set holding the top k, which is
+  /// then selected exactly; when the bracket holds fewer than k (rare) the
+  /// radix select runs instead. The result never depends on the seed.
+  exact = 0,
+  /// DGC (Lin et al.): threshold from a stratified random sample, one fused
+  /// pass, exact re-selection when more than k qualified; when fewer
+  /// qualified they are sent as they are, so at most k entries (the exact
+  /// top of their own number); last_density() reports what was achieved.
+  sampled = 1,
 };
 
 /// Index encodings of sparse_coo_payload (the body's first byte).
@@ -352,9 +361,11 @@ class sparsifier_with_memory {
   }
 
   /// Restores a state from save_state(): the codec then continues bit for bit
-  /// as the saved one would (its options are adopted). Throws wire_error for
-  /// malformed bytes, size_mismatch_error for another layer size, state_error
-  /// for a state of another codec kind. On error nothing changes.
+  /// as the saved one would. The state must come from a codec configured
+  /// the same way (R, mode, seed, DGC flag and momentum), else state_error;
+  /// eta (set_scale, a schedule value) is taken from the state. Throws
+  /// wire_error for malformed bytes, size_mismatch_error for another layer
+  /// size, state_error for another codec kind. On error nothing changes.
   void restore_state(std::span<const std::byte> bytes) {
     wire::header h;
     wire::reader r = wire::parse_state(bytes, wire::codec_id::sparse_coo, &h);
@@ -384,8 +395,10 @@ class sparsifier_with_memory {
     std::vector<float> velocity;
     if (o.dgc_momentum) velocity = detail::read_finite_floats(r, n_, "velocity");
     r.expect_end();
-    options_ = o;
-    k_ = sparse_selection_count(n_, o.ratio_percent);
+    if (o.ratio_percent != options_.ratio_percent || o.mode != options_.mode || o.seed != options_.seed ||
+        o.dgc_momentum != options_.dgc_momentum || (o.dgc_momentum && o.momentum != options_.momentum))
+      throw state_error("sparsifier_with_memory::restore_state: the state was saved by a codec with other options");
+    options_.scale = o.scale;
     steps_ = steps;
     residual_ = std::move(residual);
     velocity_ = std::move(velocity);

@@ -314,10 +314,12 @@ TEST_CASE("state save/restore resumes bit-exactly, learning rate included") {
     sparse_coo_payload pa, pb;
     for (int t = 0; t < 3; ++t) a.encode(normal(gen, n), pa);
     a.set_learning_rate(0.05f);
-    sa_momentum<execution::seq> b(n);
+    sa_momentum<execution::seq> b(n, make_options(0.5, 0.7f, 0.1f, mode));
     b.restore_state(a.save_state());
     CHECK(b.options().learning_rate == 0.05f);
-    CHECK(b.options().mode == mode);
+    // Another configuration cannot take this state.
+    CHECK_THROWS_AS(sa_momentum<>(n, make_options(1.0, 0.7f, 0.1f, mode)).restore_state(a.save_state()), state_error);
+    CHECK_THROWS_AS(sa_momentum<>(n, make_options(0.5, 0.6f, 0.1f, mode)).restore_state(a.save_state()), state_error);
     for (int t = 0; t < 3; ++t) {
       const auto g = normal(gen, n);
       a.encode(g, pa);

@@ -450,12 +450,22 @@ TEST_CASE("state save/restore resumes bit-exactly") {
       gradient_source src(10);
       sparse_coo_payload pa, pb;
       for (int t = 0; t < 3; ++t) a.encode(src.next(n), pa);
-      const auto state = a.save_state();
-      sparsifier_with_memory<execution::seq> b(n);  // default options: adopted from the state
-      b.restore_state(state);
-      CHECK(b.options().mode == mode);
-      CHECK(b.options().dgc_momentum == dgc);
+      a.set_scale(0.5f);  // a schedule value: restored from the state
+      const auto state2 = a.save_state();
+      sparsifier_with_memory<execution::seq> b(n, o);
+      b.restore_state(state2);
+      CHECK(b.options().scale == 0.5f);
       CHECK(b.steps() == 3);
+      // Another configuration cannot take this state.
+      for (int which = 0; which < 4; ++which) {
+        auto other = o;
+        if (which == 0) other.ratio_percent = 0.3;
+        if (which == 1) other.mode = mode == threshold_mode::exact ? threshold_mode::sampled : threshold_mode::exact;
+        if (which == 2) other.seed = 6;
+        if (which == 3) other.dgc_momentum = !dgc;
+        sparsifier_with_memory<> c(n, other);
+        CHECK_THROWS_AS(c.restore_state(state2), state_error);
+      }
       for (int t = 0; t < 3; ++t) {
         const auto g = src.next(n);
         a.encode(g, pa);
