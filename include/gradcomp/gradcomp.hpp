@@ -8,6 +8,8 @@
 #include <gradcomp/dense.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/samomentum.hpp>
+#include <gradcomp/sparsify.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
@@ -17,6 +19,7 @@ namespace gradcomp {
 template <class F>
 void for_each_payload_type(F&& f) {
   f.template operator()<dense_payload>();
+  f.template operator()<sparse_coo_payload>();
 }
 
 }  // namespace gradcomp
