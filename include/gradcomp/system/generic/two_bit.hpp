@@ -12,6 +12,7 @@
 /// of 1024 elements, lanes then blocks summed in index order into a double),
 /// so the simd kernels reproduce these results bit for bit.
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -88,28 +89,43 @@ inline float two_bit_quantize(seq, std::span<const float> gradient, std::span<fl
   const std::size_t n = gradient.size();
   const float* g = gradient.data();
   float* r = residual.data();
-  float rmax = 0.0f;
-  // One word of up to 16 codes; called with count == 16 for all full words
-  // so the compiler specialises (and vectorises) the common case.
-  auto one_word = [&](std::size_t base, std::size_t count) {
+  // max |r| is tracked on the float bits: for non-negative floats the integer
+  // order is the value order, and an integer max reduction vectorises.
+  std::uint32_t rmax_bits = 0;
+  const std::size_t full = n / 16;
+  for (std::size_t w = 0; w < full; ++w) {
+    const float* gw = g + w * 16;
+    float* rw = r + w * 16;
     std::uint32_t word = 0;
-    for (std::size_t j = 0; j < count; ++j) {
-      const float x = r[base + j] + g[base + j];
+    for (std::size_t j = 0; j < 16; ++j) {
+      const float x = rw[j] + gw[j];
       const bool pos = x >= thr;
       const bool neg = x <= -thr;
       const float q = pos ? thr : (neg ? -thr : 0.0f);
       const float left = x - q;
-      r[base + j] = left;
-      const float a = std::fabs(left);
-      rmax = rmax < a ? a : rmax;
+      rw[j] = left;
+      const std::uint32_t a = std::bit_cast<std::uint32_t>(left) & 0x7FFFFFFFu;
+      rmax_bits = rmax_bits < a ? a : rmax_bits;
       word |= (static_cast<std::uint32_t>(pos) | (static_cast<std::uint32_t>(pos | neg) << 1)) << (2 * j);
     }
-    return word;
-  };
-  const std::size_t full = n / 16;
-  for (std::size_t w = 0; w < full; ++w) words[w] = one_word(w * 16, 16);
-  if (full < words.size()) words[full] = one_word(full * 16, n - full * 16);
-  return rmax;
+    words[w] = word;
+  }
+  if (full < words.size()) {
+    std::uint32_t word = 0;
+    for (std::size_t i = full * 16; i < n; ++i) {
+      const float x = r[i] + g[i];
+      const bool pos = x >= thr;
+      const bool neg = x <= -thr;
+      const float q = pos ? thr : (neg ? -thr : 0.0f);
+      const float left = x - q;
+      r[i] = left;
+      const std::uint32_t a = std::bit_cast<std::uint32_t>(left) & 0x7FFFFFFFu;
+      rmax_bits = rmax_bits < a ? a : rmax_bits;
+      word |= (static_cast<std::uint32_t>(pos) | (static_cast<std::uint32_t>(pos | neg) << 1)) << (2 * (i % 16));
+    }
+    words[full] = word;
+  }
+  return std::bit_cast<float>(rmax_bits);
 }
 
 /// The value of one 2-bit code: +thr, -thr or 0.
