@@ -86,6 +86,17 @@ if(GRADCOMP_WITH_MPI)
   list(APPEND GRADCOMP_BUILT_COMPONENTS mpi)
 endif()
 
+# zlib: autoencoder.hpp (LGC, seed 004) DEFLATEs its index sets with zlib, so
+# that one header needs ZLIB::ZLIB linked. gradcomp::lgc links it for this build
+# tree (tests, benches, add_subdirectory/FetchContent users). It is not an
+# exported component: users of an installed gradcomp link ZLIB::ZLIB themselves.
+find_package(ZLIB)
+if(ZLIB_FOUND)
+  add_library(gradcomp_lgc INTERFACE)
+  add_library(gradcomp::lgc ALIAS gradcomp_lgc)
+  target_link_libraries(gradcomp_lgc INTERFACE gradcomp ZLIB::ZLIB)
+endif()
+
 list(JOIN GRADCOMP_BUILT_COMPONENTS " " _gradcomp_components_text)
 message(STATUS "gradcomp ${PROJECT_VERSION}: components: core ${_gradcomp_components_text}")
 
