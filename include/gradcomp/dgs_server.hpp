@@ -264,6 +264,44 @@ class dgs_server_state {
     ++t_;
   }
 
+  /// Eq. 1 for a sparse g, given per layer as (indices, values) (a dense layer
+  /// holds every value): theta[i] -= g[i] where g is given, t <- t + 1. The
+  /// same bits as apply() of the dense vector with zeros elsewhere, in O(sent)
+  /// for sparse layers. Everything (layer count, sizes, index order and
+  /// range, NaN/Inf) is checked first; on error the state is unchanged.
+  void apply_sparse(std::span<const layer_update> g) {
+    if (g.size() != layers_.layers())
+      throw size_mismatch_error("dgs_server_state::apply_sparse: layers", layers_.layers(), g.size());
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      const auto& l = g[j];
+      const std::size_t n = layers_.size(j);
+      if (l.dense) {
+        if (l.values.size() != n)
+          throw size_mismatch_error("dgs_server_state::apply_sparse: dense layer", n, l.values.size());
+      } else {
+        if (l.indices.size() != l.values.size())
+          throw size_mismatch_error("dgs_server_state::apply_sparse: values", l.indices.size(), l.values.size());
+        for (std::size_t q = 0; q < l.indices.size(); ++q)
+          if (l.indices[q] >= n || (q > 0 && l.indices[q] <= l.indices[q - 1]))
+            throw invalid_argument_error("dgs_server_state::apply_sparse: indices of layer " + std::to_string(j) +
+                                         " are not increasing and below " + std::to_string(n));
+      }
+      if (auto bad = find_non_finite(Policy{}, std::span<const float>(l.values)); bad != l.values.size())
+        throw non_finite_error("dgs_server_state::apply_sparse: layer " + std::to_string(j),
+                               l.dense ? layers_.offset(j) + bad : layers_.offset(j) + l.indices[bad]);
+    }
+    for (std::size_t j = 0; j < g.size(); ++j) {
+      const auto& l = g[j];
+      auto th = layers_.layer(std::span<float>(theta_), j);
+      if (l.dense) {
+        ps_subtract(Policy{}, th, std::span<const float>(l.values));
+      } else {
+        for (std::size_t q = 0; q < l.indices.size(); ++q) th[l.indices[q]] -= l.values[q];
+      }
+    }
+    ++t_;
+  }
+
   /// Eqs. 3, 6a, 6b (Alg. 2 lines 4-15): what worker k is sent now, and the
   /// server's copy w_k updated accordingly. Without secondary compression it is
   /// every entry where w_k differs from theta (so the worker ends at theta_t,
@@ -290,16 +328,21 @@ class dgs_server_state {
       if (options_.secondary_ratio == 0.0) {
         ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
       } else {
-        // G = theta - w_k (eq. 3), then the top R% of |G| (eq. 6a); entries
-        // where w_k already equals theta are dropped (nothing to send there).
-        diff_.resize(th.size());
-        ps_difference(Policy{}, std::span<float>(diff_), th, std::span<const float>(wk));
         // k = max(1, ceil(R% n)), the same count as the workers' top-R% (sparsify.hpp).
         const std::size_t kk = sparse_selection_count(th.size(), options_.secondary_ratio);
-        topk_exact(Policy{}, std::span<const float>(diff_), kk, l.indices, topk_ws_);
-        std::erase_if(l.indices, [&](std::uint32_t i) {
-          return std::bit_cast<std::uint32_t>(th[i]) == std::bit_cast<std::uint32_t>(wk[i]);
-        });
+        if (kk >= th.size()) {  // R = 100%: everything that changed
+          ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
+        } else {
+          // G = theta - w_k (eq. 3) with its magnitude histogram in one pass, then
+          // the exact top R% of |G| (eq. 6a, ties: lower index); entries where
+          // w_k already equals theta are dropped (nothing to send there).
+          diff_.resize(th.size());
+          ps_difference_histogram(Policy{}, std::span<float>(diff_), th, std::span<const float>(wk), topk_ws_);
+          topk_exact_levels(Policy{}, std::span<const float>(diff_), kk, 1.0f, true, topk_ws_, l.indices);
+          std::erase_if(l.indices, [&](std::uint32_t i) {
+            return std::bit_cast<std::uint32_t>(th[i]) == std::bit_cast<std::uint32_t>(wk[i]);
+          });
+        }
       }
       l.values.resize(l.indices.size());
       ps_gather(Policy{}, th, std::span<const std::uint32_t>(l.indices), std::span<float>(l.values));

@@ -520,6 +520,8 @@ class async_ps_server {
   ps_memory_report memory() const noexcept {
     auto r = state_.memory();
     r.scratch_bytes += decoded_.capacity() * sizeof(float);
+    for (const auto& l : sparse_)
+      r.scratch_bytes += l.indices.capacity() * sizeof(std::uint32_t) + l.values.capacity() * sizeof(float);
     return r;
   }
 
@@ -583,6 +585,8 @@ class async_ps_server {
       return reject(k, sequence, h.kind, ps_reject_reason::bad_shape, e.what());
     } catch (const non_finite_error& e) {
       return reject(k, sequence, h.kind, ps_reject_reason::non_finite, e.what());
+    } catch (const invalid_argument_error& e) {  // a decoder's own checks
+      return reject(k, sequence, h.kind, ps_reject_reason::malformed, e.what());
     }
     stats_.bytes_down[ku] += h.reply.size();
     return h;
@@ -666,12 +670,24 @@ class async_ps_server {
       throw size_mismatch_error("ps push: layers", L.layers(), f.control.layers);
     if (f.control.elements != L.total())
       throw size_mismatch_error("ps push: model elements", L.total(), static_cast<std::size_t>(f.control.elements));
-    decoded_.resize(L.total());
-    for (std::size_t j = 0; j < L.layers(); ++j) {
-      const payload_type p = ps_parse_layer<payload_type>(f.layers[j], L.size(j));
-      decoders_[j].decode(p, L.layer(std::span<float>(decoded_), j));
+    if constexpr (std::is_same_v<payload_type, sparse_coo_payload>) {
+      // Sparse pushes are applied where they are non-zero: O(sent), not O(model).
+      sparse_.resize(L.layers());
+      for (std::size_t j = 0; j < L.layers(); ++j) {
+        sparse_coo_payload p = ps_parse_layer<sparse_coo_payload>(f.layers[j], L.size(j));
+        sparse_[j].dense = false;
+        sparse_[j].indices = std::move(p.indices);
+        sparse_[j].values = std::move(p.values);
+      }
+      state_.apply_sparse(std::span<const layer_update>(sparse_));  // checks everything before changing anything
+    } else {
+      decoded_.resize(L.total());
+      for (std::size_t j = 0; j < L.layers(); ++j) {
+        const payload_type p = ps_parse_layer<payload_type>(f.layers[j], L.size(j));
+        decoders_[j].decode(p, L.layer(std::span<float>(decoded_), j));
+      }
+      state_.apply(std::span<const float>(decoded_));  // checks NaN/Inf before changing anything
     }
-    state_.apply(std::span<const float>(decoded_));  // checks NaN/Inf before changing anything
   }
 
   std::vector<std::byte> serialize(int k, model_update& u, std::uint64_t sequence) {
@@ -750,6 +766,7 @@ class async_ps_server {
   std::vector<ps_detail::decoder_t<C, Policy>> decoders_;
   std::vector<ps_worker_status> status_;
   std::vector<float> decoded_;
+  std::vector<layer_update> sparse_;
   ps_frame_builder builder_;
   ps_server_stats stats_;
 };

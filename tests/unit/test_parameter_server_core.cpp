@@ -177,7 +177,7 @@ TEST_CASE("dgs_server_state: eq. 5 - without sparsification every pull yields th
 
     auto rg = toy_gradient(ref_models[std::size_t(k)], k, step);
     for (std::size_t i = 0; i < rg.size(); ++i) {
-      const float d = lr * rg[i];
+      const volatile float d = lr * rg[i];  // rounded product: no fused multiply-subtract (GCC contracts by default)
       ref_theta[i] -= d;
     }
     ref_models[std::size_t(k)] = ref_theta;
@@ -333,6 +333,60 @@ TEST_CASE("dgs_server_state: a bad push leaves the state unchanged") {
   CHECK(s.timestamp() == t);
 }
 
+TEST_CASE("dgs_server_state: apply_sparse is apply() of the dense vector, bit for bit, and checks first") {
+  auto theta0 = make_theta0(three_layers.total(), 10);
+  theta0[3] = -0.0f;
+  dgs_server_state<> a(three_layers, theta0, 1), b(three_layers, theta0, 1);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<layer_update> g(three_layers.layers());
+    std::vector<float> dense(three_layers.total(), 0.0f);
+    for (std::size_t j = 0; j < three_layers.layers(); ++j) {
+      const std::size_t n = three_layers.size(j);
+      if (j == 2) {
+        g[j].dense = true;
+        for (std::size_t i = 0; i < n; ++i) g[j].values.push_back(noise(step, j, i));
+        std::copy(g[j].values.begin(), g[j].values.end(), dense.begin() + long(three_layers.offset(j)));
+        continue;
+      }
+      for (std::uint32_t i = 0; i < n; i += 3 + std::uint32_t(step)) {
+        g[j].indices.push_back(i);
+        g[j].values.push_back(i == 3 ? -0.0f : noise(step, j, i));
+        dense[three_layers.offset(j) + i] = g[j].values.back();
+      }
+    }
+    a.apply_sparse(g);
+    b.apply(dense);
+    REQUIRE(bit_equal(a.model(), b.model()));
+  }
+  CHECK(a.timestamp() == 5);
+  const auto before = std::vector<float>(a.model().begin(), a.model().end());
+  std::vector<layer_update> g(three_layers.layers());
+  g[0].indices = {1, 2};
+  g[0].values = {1.0f, std::numeric_limits<float>::infinity()};
+  try {
+    a.apply_sparse(g);
+    FAIL("no throw");
+  } catch (const non_finite_error& e) {
+    CHECK(e.index() == 2);
+  }
+  g[0].values = {1.0f, 2.0f};
+  g[1].indices = {5, 5};
+  g[1].values = {1.0f, 2.0f};
+  CHECK_THROWS_AS(a.apply_sparse(g), invalid_argument_error);
+  g[1].indices = {5, 200};
+  CHECK_THROWS_AS(a.apply_sparse(g), invalid_argument_error);
+  g[1].indices = {5};
+  CHECK_THROWS_AS(a.apply_sparse(g), size_mismatch_error);
+  g[1] = {};
+  g[2].dense = true;
+  g[2].values = {1, 2};
+  CHECK_THROWS_AS(a.apply_sparse(g), size_mismatch_error);
+  g.pop_back();
+  CHECK_THROWS_AS(a.apply_sparse(g), size_mismatch_error);
+  CHECK(bit_equal(a.model(), before));
+  CHECK(a.timestamp() == 5);
+}
+
 TEST_CASE("dgs_server_state: resync sends the whole model and resets the worker's copy") {
   auto theta0 = make_theta0(three_layers.total(), 9);
   dgs_server_state<> s(three_layers, theta0, 2, {.secondary_ratio = 1});
@@ -468,7 +522,7 @@ TEST_CASE("simulation: ASGD rule + no sparsification equals plain ASGD bit for b
 
     auto rg = toy_gradient(ref_models[std::size_t(k)], k, step);
     for (std::size_t i = 0; i < rg.size(); ++i) {
-      const float d = lr * rg[i];
+      const volatile float d = lr * rg[i];  // rounded product: no fused multiply-subtract (GCC contracts by default)
       ref_theta[i] -= d;
     }
     ref_models[std::size_t(k)] = ref_theta;
@@ -487,12 +541,15 @@ TEST_CASE("simulation: SAMomentum with R = 100% is dense momentum SGD (eq. 16 wi
     auto g = toy_gradient(sim.model(0), 0, step);
     REQUIRE(sim.step(0, g, lr).status == ps_pull_status::updated);
     auto rg = toy_gradient(theta, 0, step);
-    for (std::size_t i = 0; i < theta.size(); ++i) {  // eq. 8: u = m u + eta grad, theta -= u
-      const float mu = m * u[i];
-      const float eg = lr * rg[i];
-      u[i] = mu + eg;
-      theta[i] -= u[i];
+    // eq. 8: u = m u + eta grad, theta -= u, with the library's own a*y + b*x
+    // kernel (whether a compiler fuses it into an FMA is then the same on both sides).
+    std::vector<float> eg(rg.size());
+    for (std::size_t i = 0; i < rg.size(); ++i) {
+      const volatile float e = lr * rg[i];
+      eg[i] = e;
     }
+    execution::axpby_update(execution::seq{}, std::span<float>(u), std::span<const float>(eg), m, 1.0f);
+    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= u[i];
     REQUIRE(bit_equal(theta, sim.model(0)));
   }
 }
