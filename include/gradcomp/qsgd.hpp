@@ -109,16 +109,30 @@ struct qsgd_payload {
                           unsigned levels) noexcept {
     const unsigned rows = 32 / bits;
     const std::uint32_t level_mask = (1u << (bits - 1)) - 1u, sign = 1u << (bits - 1);
+    // Whole words, all fields at once (SWAR): with L the level bits of every
+    // field, L + (2^(b-1) - 1 - s) carries into a field's sign position iff
+    // its level exceeds s, and L + (2^(b-1) - 1) iff its level is non-zero;
+    // neither carry leaves its field.
+    std::uint32_t low = 0, excess = 0;
+    for (unsigned k = 0; k < rows; ++k) {
+      low |= level_mask << (bits * k);
+      excess |= (level_mask - levels) << (bits * k);
+    }
+    const std::uint32_t signs = low << 1 & ~low;  // the top bit of every field
     const std::uint64_t block = execution::qsgd_lanes * rows;
     const std::uint64_t full_words = execution::qsgd_lanes * (n / block);
+    std::uint32_t bad = 0;
+    for (std::size_t w = 0; w < full_words && w < words.size(); ++w) {
+      const std::uint32_t word = words[w], l = word & low;
+      bad |= ((l + excess) & signs) | (word & signs & ~((l + low) & signs));
+    }
+    if (bad != 0) return false;
     const std::uint64_t m = n % block;  // elements of the last, partial block
-    for (std::size_t w = 0; w < words.size(); ++w) {
-      const std::uint32_t word = words[w];
-      const std::uint64_t lane = w - (w < full_words ? w / execution::qsgd_lanes * execution::qsgd_lanes : full_words);
+    for (std::size_t w = static_cast<std::size_t>(full_words); w < words.size(); ++w) {
+      const std::uint64_t lane = w - full_words;
       for (unsigned k = 0; k < rows; ++k) {
-        const std::uint32_t code = (word >> (bits * k)) & (level_mask | sign);
-        const bool exists = w < full_words || execution::qsgd_lanes * k + lane < m;
-        if (!exists) {
+        const std::uint32_t code = (words[w] >> (bits * k)) & (level_mask | sign);
+        if (execution::qsgd_lanes * k + lane >= m) {
           if (code != 0) return false;
         } else if ((code & level_mask) > levels || code == sign) {
           return false;

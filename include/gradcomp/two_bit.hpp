@@ -108,8 +108,10 @@ struct two_bit_options {
   /// use the automatic mode.
   float threshold = 0.5f;
   /// Automatic mode: thr = auto_scale * mean_i |r_i + g_i| of this layer at
-  /// this step (> 0, finite). 1.0 sends roughly the 35-45% largest entries;
-  /// see docs/codecs.md for why this rule and this default.
+  /// this step (> 0, finite). 1.0 sends roughly the 35-45% largest entries.
+  /// Keep it <= 1: then max|r + g| >= thr and every step sends something;
+  /// above 1 a flat residual can send nothing while the threshold climbs.
+  /// docs/codecs.md explains the rule and the default.
   float auto_scale = 1.0f;
 
   /// A fixed threshold.

@@ -619,3 +619,41 @@ TEST_CASE("decode_add sums several workers' payloads; any instance decodes any p
   }
   CHECK(same_bits(sum, expect));
 }
+
+TEST_CASE("codes_valid agrees with a per-code check on random words") {
+  // The whole-word (SWAR) check must accept and reject exactly what a
+  // field-by-field check does.
+  const auto s = detail::counter_rng(3).stream(0);
+  int disagreements = 0, rejected = 0, trials = 0;
+  std::uint64_t draw = 0;
+  for (unsigned bits : {2u, 4u, 8u}) {
+    for (unsigned levels = 1; levels <= qsgd_max_levels(bits); levels += (bits == 8 ? 9 : 1)) {
+      for (const std::uint64_t n : {std::uint64_t{64}, std::uint64_t{256}, std::uint64_t{300}}) {
+        const std::size_t nw = execution::qsgd_word_count(n, bits);
+        for (int trial = 0; trial < 60; ++trial) {
+          std::vector<std::uint32_t> words(nw);
+          // mostly valid codes, with an occasional bad one
+          for (std::uint64_t i = 0; i < n; ++i) {
+            std::uint32_t level = static_cast<std::uint32_t>(s.below(draw++, levels + 1));
+            std::uint32_t code = level | (level != 0 && s.below(draw++, 2) ? 1u << (bits - 1) : 0u);
+            if (s.below(draw++, 400) == 0) code = static_cast<std::uint32_t>(s.below(draw++, 1u << bits));
+            const auto slot = execution::qsgd_slot_of(i, bits);
+            words[slot.word] |= code << slot.shift;
+          }
+          bool expect = true;
+          for (std::uint64_t i = 0; i < n; ++i) {
+            const std::uint32_t c = code_of(qsgd_payload{n, std::uint8_t(bits), std::uint16_t(levels), 1, {}, words}, i);
+            expect &= (c & ((1u << (bits - 1)) - 1u)) <= levels && c != (1u << (bits - 1));
+          }
+          const bool got = qsgd_payload::codes_valid(words, n, bits, levels);
+          disagreements += got != expect;
+          rejected += !got;
+          ++trials;
+        }
+      }
+    }
+  }
+  CHECK(disagreements == 0);
+  CHECK(rejected > 50);           // bad codes were exercised
+  CHECK(trials - rejected > 50);  // and so were valid payloads
+}

@@ -485,3 +485,36 @@ TEST_CASE("reset zeroes the residual and the step count") {
   fresh.encode(g, pf);
   CHECK(same_payload(p, pf));
 }
+
+TEST_CASE("automatic mode: scale <= 1 sends every step; a larger scale can starve a drifting layer") {
+  // A constant gradient spread over two decades: the residual of small entries
+  // drifts. With scale <= 1, max|x| >= mean|x| >= thr, so something is sent
+  // every step and the threshold settles; with scale 3 the residual flattens,
+  // steps pass with nothing sent and the threshold climbs with the residual.
+  const std::size_t n = 4096;
+  std::vector<float> g(n);
+  double mean_g = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    g[i] = 1e-3f * std::pow(10.0f, -2.0f + 2.0f * float(i) / n);
+    mean_g += g[i] / n;
+  }
+  auto run = [&](float scale, int& empty_steps) {
+    two_bit_quantizer<execution::simd> q(n, two_bit_options::automatic(scale));
+    two_bit_payload p;
+    empty_steps = 0;
+    for (int t = 0; t < 300; ++t) {
+      q.encode(g, p);
+      int sent = 0;
+      for (auto w : p.words) sent += std::popcount(w & 0xAAAAAAAAu);
+      empty_steps += sent == 0;
+    }
+    return p.threshold / mean_g;
+  };
+  int empty = 0;
+  for (const float scale : {0.5f, 1.0f}) {
+    CHECK(run(scale, empty) < 10.0);
+    CHECK(empty == 0);
+  }
+  CHECK(run(3.0f, empty) > 50.0);
+  CHECK(empty > 0);
+}
