@@ -8,8 +8,10 @@
 #include <gradcomp/dense.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/sparsify.hpp>
+#include <gradcomp/two_bit.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
@@ -20,6 +22,8 @@ template <class F>
 void for_each_payload_type(F&& f) {
   f.template operator()<dense_payload>();
   f.template operator()<sparse_coo_payload>();
+  f.template operator()<two_bit_payload>();
+  f.template operator()<qsgd_payload>();
 }
 
 }  // namespace gradcomp
