@@ -5,6 +5,7 @@
 
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/qsgd.hpp>
+#include <gradcomp/two_bit.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -656,4 +657,26 @@ TEST_CASE("codes_valid agrees with a per-code check on random words") {
   CHECK(disagreements == 0);
   CHECK(rejected > 50);           // bad codes were exercised
   CHECK(trials - rejected > 50);  // and so were valid payloads
+}
+
+TEST_CASE("a state or payload of the other quantizer is rejected as wrong_codec") {
+  qsgd<> q;
+  two_bit_quantizer<> t(10);
+  auto code_of_error = [](auto&& f) {
+    try {
+      f();
+    } catch (const wire::wire_error& e) {
+      return e.code();
+    }
+    FAIL("accepted another codec's bytes");
+    return wire_errc::truncated;
+  };
+  CHECK(code_of_error([&] { q.restore_state(t.save_state()); }) == wire_errc::wrong_codec);
+  CHECK(code_of_error([&] { t.restore_state(q.save_state()); }) == wire_errc::wrong_codec);
+  two_bit_payload tp;
+  t.encode(std::vector<float>(10, 1.0f), tp);
+  qsgd_payload qp;
+  q.encode(std::vector<float>(10, 1.0f), qp);
+  CHECK(code_of_error([&] { (void)wire::parse<qsgd_payload>(wire::serialize(tp)); }) == wire_errc::wrong_codec);
+  CHECK(code_of_error([&] { (void)wire::parse<two_bit_payload>(wire::serialize(qp)); }) == wire_errc::wrong_codec);
 }
