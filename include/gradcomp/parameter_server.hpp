@@ -1279,7 +1279,8 @@ class sync_ps_worker {
   }
 
   /// Decodes an aggregate frame into `out`. Throws wire::wire_error for a
-  /// malformed frame (out unchanged) or one answering another request.
+  /// malformed frame, one answering another request or holding NaN/Inf, and
+  /// the decoders' own errors; in every case `out` is unchanged.
   ps_sync_result apply_aggregate(std::span<const std::byte> frame, std::span<float> out) {
     const auto& L = layers();
     L.check("sync_ps_worker::apply_aggregate: out", out.size());
@@ -1295,7 +1296,12 @@ class sync_ps_worker {
     std::vector<P> ps;
     ps.reserve(L.layers());
     for (std::size_t j = 0; j < L.layers(); ++j) ps.push_back(ps_parse_layer<P>(f.layers[j], L.size(j)));
-    for (std::size_t j = 0; j < L.layers(); ++j) down_[j].decode(ps[j], L.layer(out, j));
+    // Decode aside and check, so a bad aggregate leaves `out` untouched.
+    decoded_.resize(L.total());
+    for (std::size_t j = 0; j < L.layers(); ++j) down_[j].decode(ps[j], L.layer(std::span<float>(decoded_), j));
+    if (find_non_finite(Policy{}, std::span<const float>(decoded_)) != decoded_.size())
+      wire::reader::fail(wire::wire_errc::malformed_body, "ps sync: non-finite value in the aggregate");
+    std::copy(decoded_.begin(), decoded_.end(), out.begin());
     ps_sync_result r;
     r.contributors = f.control.count;
     r.rejected = f.control.detail == 1;
@@ -1327,6 +1333,7 @@ class sync_ps_worker {
   std::vector<ps_detail::decoder_t<DownC, Policy>> down_;
   async_ps_worker_options options_;
   std::vector<typename C::payload_type> payloads_;
+  std::vector<float> decoded_;
   ps_frame_builder builder_;
   std::uint64_t sequence_ = 0;
   ps_worker_stats stats_;
