@@ -33,7 +33,11 @@ all_stages=(release quickstart asan tsan fuzz)
 # Ninja builds the several targets of one `cmake --build --target a b c` in
 # parallel (CMake's Makefiles build them one after the other).
 generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
+keep_going=(-- -k)          # make: keep building the other targets after an error
+if command -v ninja >/dev/null; then
+  generator=(-G Ninja)
+  keep_going=(-- -k 0)
+fi
 
 stages=()
 for arg in "$@"; do
@@ -88,8 +92,17 @@ stage_release() {
     cmake "${generator[@]}" -S . -B "$dir" "${options[@]}" -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
     stage_note="(without thrust/mpi: they did not configure)"
   fi
-  cmake --build "$dir" -j "$jobs" || return 1
+  # On a build error, still build and run everything else, so one run reports
+  # every failure; the stage fails either way.
+  local build_status=0
+  cmake --build "$dir" -j "$jobs" "${keep_going[@]}" || build_status=1
   run_ctest "$dir"
+  local ctest_status=$?
+  if [ "$build_status" -ne 0 ]; then
+    stage_note="BUILD FAILED (see the errors above; missing executables show as failed tests) $stage_note"
+    return 1
+  fi
+  return "$ctest_status"
 }
 
 stage_quickstart() {
@@ -115,10 +128,14 @@ stage_asan() {
   local targets
   mapfile -t targets < <(unit_tests)
   [ "${#targets[@]}" -gt 0 ] || { echo "test.sh: no unit tests found"; return 1; }
-  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || return 1
+  local build_status=0
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}" || build_status=1
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     run_ctest "$dir" -L unit
+  local ctest_status=$?
+  [ "$build_status" -eq 0 ] || { stage_note="BUILD FAILED"; return 1; }
+  return "$ctest_status"
 }
 
 # ThreadSanitizer needs a memory layout some kernels' ASLR settings break
@@ -154,12 +171,14 @@ stage_tsan() {
     return 0
   fi
   echo "test.sh: TSan tests: ${targets[*]}"
-  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" || return 1
+  local build_status=0
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}" || build_status=1
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     "${tsan_prefix[@]}" bash -c 'cd "$1" && shift && exec ctest --output-on-failure -j "$@"' _ \
       "$dir" "$jobs" -L unit -R "unit\\.(.*($pattern).*)\$" 2>&1 | tee "$dir/ctest.log"
   local status=${PIPESTATUS[0]}
   ctest_summary="$(grep -E 'tests passed|Total Test time' "$dir/ctest.log" | tr '\n' ' ')"
+  [ "$build_status" -eq 0 ] || { stage_note="BUILD FAILED"; return 1; }
   return "$status"
 }
 
