@@ -67,10 +67,12 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
-/// m*u + eta*g rounded as the codec rounds it (two products, one sum).
+/// m*u + eta*g rounded as the codec rounds it (two products, one sum). The
+/// volatiles keep the compiler from fusing a product and the sum into an FMA
+/// (GCC contracts across statements by default in C++).
 float velocity_step(float m, float u, float eta, float g) {
-  const float mu = m * u;
-  const float eg = eta * g;
+  volatile float mu = m * u;
+  volatile float eg = eta * g;
   return mu + eg;
 }
 

@@ -251,8 +251,8 @@ TEST_CASE("DGC mode: momentum correction and momentum-factor masking") {
   for (int t = 0; t < 15; ++t) {
     const auto g = src.next(n);
     for (std::size_t i = 0; i < n; ++i) {
-      const float mu = 0.9f * u[i];
-      const float eg = 0.25f * g[i];
+      volatile float mu = 0.9f * u[i];  // volatile: no FMA contraction (GCC fuses across statements)
+      volatile float eg = 0.25f * g[i];
       u[i] = mu + eg;
       v[i] = v[i] + u[i];
     }

@@ -8,8 +8,9 @@
 ///   sparsifier_with_memory  r <- 1*r + eta*g              (DGS Alg. 1 line 6)
 ///   DGC momentum correction v <- 1*v + 1*u, u = m*u + eta*g (Lin et al.)
 ///   sa_momentum             u <- m*u + eta*g              (DGS Alg. 3 line 6, eq. 14)
-/// a*y and b*x are rounded separately, then added (no fused multiply-add), so
-/// every policy produces the same bits; multiplying by 1 is exact.
+/// a*y and b*x are rounded separately, then added (never fused into an FMA:
+/// see no_contract), so every policy produces the same bits; multiplying by
+/// 1 is exact.
 
 #include <cstddef>
 #include <cstdint>
@@ -22,10 +23,28 @@
 namespace gradcomp::execution {
 
 namespace sparsify_detail {
+/// Makes the compiler treat v as unknown, so a product stored in v is rounded
+/// to float and cannot be fused with a later addition into an FMA. GCC
+/// contracts a*b + c into an FMA by default in C++ (even across statements,
+/// even with -std=c++20), and would do so differently in the scalar and the
+/// SIMD kernels; the empty asm costs no instruction.
+inline void no_contract(float& v) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(v));
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  asm("" : "+w"(v));
+#else
+  volatile float t = v;  // forces the rounding through memory
+  v = t;
+#endif
+}
+
 /// a*y + b*x with each product rounded to float before the sum.
 inline float axpby(float a, float y, float b, float x) noexcept {
-  const float ay = a * y;
-  const float bx = b * x;
+  float ay = a * y;
+  float bx = b * x;
+  no_contract(ay);
+  no_contract(bx);
   return ay + bx;
 }
 }  // namespace sparsify_detail

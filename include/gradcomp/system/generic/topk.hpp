@@ -301,7 +301,10 @@ inline topk_sample_plan topk_plan_sample(std::size_t n, std::size_t k) noexcept 
   s = std::max(s, std::min(n, topk_min_samples));
   if (2 * s > n) return plan;
   const double mu = double(s) * double(k) / double(n);
-  std::size_t rank = static_cast<std::size_t>(std::ceil(mu + 3.0 * std::sqrt(mu))) + 1;
+  // volatile: the rank must not depend on whether the compiler fuses this
+  // into an FMA (it would differ between instantiations, and with it the sample).
+  volatile double three_sd = 3.0 * std::sqrt(mu);
+  std::size_t rank = static_cast<std::size_t>(std::ceil(mu + three_sd)) + 1;
   plan.samples = s;
   plan.rank = std::min(rank, s);
   plan.use_exact = false;

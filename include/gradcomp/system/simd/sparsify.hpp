@@ -25,9 +25,23 @@ using topk_simd_detail::fbatch;
 using topk_simd_detail::ibatch;
 using topk_simd_detail::width;
 
+/// Batch form of sparsify_detail::no_contract (the register passes through an
+/// empty asm, so the product is rounded before the addition).
+inline void no_contract(fbatch& v) noexcept {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(v.data));
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  asm("" : "+w"(v.data));
+#else
+  (void)v;  // other compilers do not contract across statements by default
+#endif
+}
+
 inline fbatch axpby(const fbatch& a, const fbatch& y, const fbatch& b, const fbatch& x) noexcept {
-  const fbatch ay = a * y;
-  const fbatch bx = b * x;
+  fbatch ay = a * y;
+  fbatch bx = b * x;
+  no_contract(ay);
+  no_contract(bx);
   return ay + bx;
 }
 }  // namespace sparsify_simd_detail
