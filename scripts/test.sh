@@ -45,7 +45,7 @@ for arg in "$@"; do
     quick) stages+=(release) ;;
     all) stages+=("${all_stages[@]}") ;;
     release|quickstart|asan|tsan|fuzz) stages+=("$arg") ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "test.sh: unknown stage '$arg' (stages: ${all_stages[*]} quick all)" >&2; exit 2 ;;
   esac
 done
