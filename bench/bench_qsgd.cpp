@@ -18,7 +18,7 @@ using namespace gradcomp;
 
 int main() {
   const std::size_t n = std::size_t{1} << 25;  // 32 Mi floats = 128 MiB: far beyond the 32 MiB L3
-  const int repeats = 5;
+  const int repeats = 9;
 #if defined(GRADCOMP_HAS_XSIMD)
   std::printf("qsgd, n = %zu floats, bucket 512, one core, xsimd batch of %zu floats\n", n,
               xsimd::batch<float>::size);

@@ -80,12 +80,14 @@ struct qsgd_params {
 /// a = |x| * k, k = s / ||bucket||_2, the level is floor(a) + 1 with
 /// probability a - floor(a) (u < a - floor(a)), else floor(a); clamped to s.
 inline std::uint32_t qsgd_code(float x, float k, float s, unsigned bits, float u) noexcept {
-  const float a = std::fabs(x) * k;
-  const float l = std::floor(a);
+  const float a = std::fabs(x) * k;  // in [0, s (1 + eps)]: |x| <= the bucket norm
+  // floor(a) by truncation (a >= 0 and small): same value, and unlike
+  // std::floor it does not stop GCC 12 from vectorising the caller's loop.
+  const float l = static_cast<float>(static_cast<std::int32_t>(a));
   const float p = a - l;
   float level = l + (u < p ? 1.0f : 0.0f);
   level = level < s ? level : s;
-  const auto lv = static_cast<std::uint32_t>(level);
+  const auto lv = static_cast<std::uint32_t>(static_cast<std::int32_t>(level));
   const std::uint32_t sign = (std::bit_cast<std::uint32_t>(x) >> 31) & static_cast<std::uint32_t>(lv != 0);
   return lv | (sign << (bits - 1));
 }
@@ -189,24 +191,27 @@ inline std::size_t first_non_finite_in(std::span<const float> x) noexcept {
 }
 }  // namespace qsgd_detail
 
-/// QSGD encode of a whole tensor: per bucket the norm (written to `norms`,
-/// ceil(n / bucket_size) entries), then every element's code into `words`
-/// (qsgd_word_count(n, bits) entries, fully overwritten). Element i's random
-/// draw is counter_stream(stream_key).uniform_float(i). Stops at the first
-/// bad bucket and says why; `norms` and `words` are then unspecified.
-inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
-                                          std::span<float> norms, std::span<std::uint32_t> words) noexcept {
+namespace qsgd_detail {
+/// Seq encode for one code width: per bucket the scan and norm, then the
+/// codes of up to 256 elements at a time into a small buffer (an
+/// element-wise loop the compiler vectorises), then their placement.
+template <unsigned Bits>
+qsgd_quantize_result quantize_seq(std::span<const float> x, const qsgd_params& p, std::span<float> norms,
+                                  std::span<std::uint32_t> words) noexcept {
   const std::size_t n = x.size();
   const detail::counter_stream stream(p.stream_key);
+  const std::uint32_t k_lo = stream.key_lo(), k_hi = stream.key_hi();
   const float s = static_cast<float>(p.levels);
   for (auto& w : words) w = 0u;
+  constexpr std::size_t chunk = 256;
+  std::uint32_t codes[chunk];
   for (std::size_t b = 0, start = 0; start < n; ++b, start += p.bucket_size) {
     const std::size_t len = n - start < p.bucket_size ? n - start : p.bucket_size;
     const auto bucket = x.subspan(start, len);
     const qsgd_bucket_stats st = qsgd_bucket_scan(seq{}, bucket);
     qsgd_quantize_result res;
     if (!st.finite) {
-      res.first_non_finite = start + qsgd_detail::first_non_finite_in(bucket);
+      res.first_non_finite = start + first_non_finite_in(bucket);
       return res;
     }
     bool overflow = false;
@@ -217,32 +222,85 @@ inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const q
     }
     norms[b] = norm;
     const float k = qsgd_scale(norm, p.levels);
-    for (std::size_t i = start; i < start + len; ++i) {
-      const qsgd_slot slot = qsgd_slot_of(i, p.bits);
-      words[slot.word] |= qsgd_code(x[i], k, s, p.bits, stream.uniform_float(i)) << slot.shift;
+    for (std::size_t c0 = start; c0 < start + len; c0 += chunk) {
+      const std::size_t m = start + len - c0 < chunk ? start + len - c0 : chunk;
+      const float* xc = x.data() + c0;
+      const auto lo0 = static_cast<std::uint32_t>(c0);
+      const auto hi0 = static_cast<std::uint32_t>(static_cast<std::uint64_t>(c0) >> 32);
+      if (lo0 <= 0xFFFFFFFFu - m) {  // the chunk's indices share their high half
+        for (std::uint32_t j = 0; j < static_cast<std::uint32_t>(m); ++j) {
+          const std::uint32_t bits = detail::counter_stream::bits32_lanes<std::uint32_t>(lo0 + j, hi0, k_lo, k_hi);
+          codes[j] = qsgd_code(xc[j], k, s, Bits, static_cast<float>(bits >> 8) * 0x1p-24f);
+        }
+      } else {
+        for (std::size_t j = 0; j < m; ++j) codes[j] = qsgd_code(xc[j], k, s, Bits, stream.uniform_float(c0 + j));
+      }
+      for (std::size_t j = 0; j < m; ++j) {
+        const qsgd_slot slot = qsgd_slot_of(c0 + j, Bits);
+        words[slot.word] |= codes[j] << slot.shift;
+      }
     }
   }
   return {};
 }
+}  // namespace qsgd_detail
+
+/// QSGD encode of a whole tensor: per bucket the norm (written to `norms`,
+/// ceil(n / bucket_size) entries), then every element's code into `words`
+/// (qsgd_word_count(n, bits) entries, fully overwritten). Element i's random
+/// draw is counter_stream(stream_key).uniform_float(i). Stops at the first
+/// bad bucket and says why; `norms` and `words` are then unspecified.
+inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
+                                          std::span<float> norms, std::span<std::uint32_t> words) noexcept {
+  switch (p.bits) {
+    case 2: return qsgd_detail::quantize_seq<2>(x, p, norms, words);
+    case 4: return qsgd_detail::quantize_seq<4>(x, p, norms, words);
+    default: return qsgd_detail::quantize_seq<8>(x, p, norms, words);
+  }
+}
+
+namespace qsgd_detail {
+/// Seq decode for one code width: codes of up to 256 elements gathered into
+/// a buffer, then an element-wise (vectorisable) loop for the values.
+template <unsigned Bits, bool Add>
+void dequantize_seq(std::span<const std::uint32_t> words, std::span<const float> norms, const qsgd_params& p,
+                    std::span<float> out) noexcept {
+  const std::size_t n = out.size();
+  constexpr std::uint32_t mask = (std::uint32_t{1} << Bits) - 1u;
+  constexpr std::size_t chunk = 256;
+  std::uint32_t codes[chunk];
+  float* o = out.data();
+  for (std::size_t b = 0, start = 0; start < n; ++b, start += p.bucket_size) {
+    const std::size_t end = n - start < p.bucket_size ? n : start + p.bucket_size;
+    const float unit = qsgd_unit(norms[b], p.levels);
+    for (std::size_t c0 = start; c0 < end; c0 += chunk) {
+      const std::size_t m = end - c0 < chunk ? end - c0 : chunk;
+      for (std::size_t j = 0; j < m; ++j) {
+        const qsgd_slot slot = qsgd_slot_of(c0 + j, Bits);
+        codes[j] = (words[slot.word] >> slot.shift) & mask;
+      }
+      float* oc = o + c0;
+      for (std::size_t j = 0; j < m; ++j) {
+        const float v = qsgd_value(codes[j], unit, Bits);
+        if constexpr (Add)
+          oc[j] = oc[j] + v;
+        else
+          oc[j] = v;
+      }
+    }
+  }
+}
+}  // namespace qsgd_detail
 
 /// QSGD decode: out[i] = sign * level * norm_b / s (Add = false) or
 /// out[i] += that (Add = true). Sizes are checked by the caller.
 template <bool Add>
 inline void qsgd_dequantize_into(seq, std::span<const std::uint32_t> words, std::span<const float> norms,
                                  const qsgd_params& p, std::span<float> out) noexcept {
-  const std::size_t n = out.size();
-  const std::uint32_t mask = (std::uint32_t{1} << p.bits) - 1u;
-  for (std::size_t b = 0, start = 0; start < n; ++b, start += p.bucket_size) {
-    const std::size_t end = n - start < p.bucket_size ? n : start + p.bucket_size;
-    const float unit = qsgd_unit(norms[b], p.levels);
-    for (std::size_t i = start; i < end; ++i) {
-      const qsgd_slot slot = qsgd_slot_of(i, p.bits);
-      const float v = qsgd_value((words[slot.word] >> slot.shift) & mask, unit, p.bits);
-      if constexpr (Add)
-        out[i] = out[i] + v;
-      else
-        out[i] = v;
-    }
+  switch (p.bits) {
+    case 2: return qsgd_detail::dequantize_seq<2, Add>(words, norms, p, out);
+    case 4: return qsgd_detail::dequantize_seq<4, Add>(words, norms, p, out);
+    default: return qsgd_detail::dequantize_seq<8, Add>(words, norms, p, out);
   }
 }
 
