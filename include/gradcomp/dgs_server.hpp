@@ -333,12 +333,12 @@ class dgs_server_state {
         if (kk >= th.size()) {  // R = 100%: everything that changed
           ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
         } else {
-          // G = theta - w_k (eq. 3) with its magnitude histogram in one pass, then
-          // the exact top R% of |G| (eq. 6a, ties: lower index); entries where
-          // w_k already equals theta are dropped (nothing to send there).
+          // G = theta - w_k (eq. 3), then the exact top R% of |G| (eq. 6a, ties:
+          // lower index; the sampled bracket of topk_exact only saves work);
+          // entries where w_k already equals theta are dropped (nothing to send).
           diff_.resize(th.size());
-          ps_difference_histogram(Policy{}, std::span<float>(diff_), th, std::span<const float>(wk), topk_ws_);
-          topk_exact_levels(Policy{}, std::span<const float>(diff_), kk, 1.0f, true, topk_ws_, l.indices);
+          ps_difference(Policy{}, std::span<float>(diff_), th, std::span<const float>(wk));
+          topk_exact(Policy{}, std::span<const float>(diff_), kk, l.indices, topk_ws_, 0, t_);
           std::erase_if(l.indices, [&](std::uint32_t i) {
             return std::bit_cast<std::uint32_t>(th[i]) == std::bit_cast<std::uint32_t>(wk[i]);
           });

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include <gradcomp/detail/policy_tags.hpp>
-#include <gradcomp/system/generic/topk.hpp>
 
 namespace gradcomp::execution {
 
@@ -41,32 +40,6 @@ inline void ps_difference(seq, std::span<float> out, std::span<const float> a, s
   const float* pb = b.data();
   const std::size_t n = out.size();
   for (std::size_t i = 0; i < n; ++i) o[i] = pa[i] - pb[i];
-}
-
-/// out[i] = a[i] - b[i] (G = theta - w_k, eq. 3) fused with the level-0
-/// magnitude histogram of G into ws.hist: the first pass of the exact top-k
-/// of eq. 6a (topk_exact_levels with level0_ready), saving a pass over G.
-inline void ps_difference_histogram(seq, std::span<float> out, std::span<const float> a, std::span<const float> b,
-                                    topk_workspace& ws) noexcept {
-  constexpr std::size_t stride = topk_bins + 1;
-  std::uint32_t* sub = ws.sub.data();
-  float* o = out.data();
-  const float* pa = a.data();
-  const float* pb = b.data();
-  const std::size_t n = out.size();
-  std::size_t i = 0;
-  for (; i + topk_sub_histograms <= n; i += topk_sub_histograms)
-    for (std::size_t h = 0; h < topk_sub_histograms; ++h) {
-      const float g = pa[i + h] - pb[i + h];
-      o[i + h] = g;
-      ++sub[h * stride + (topk_key(g) >> topk_level_shift[0])];
-    }
-  for (; i < n; ++i) {
-    const float g = pa[i] - pb[i];
-    o[i] = g;
-    ++sub[topk_key(g) >> topk_level_shift[0]];
-  }
-  topk_detail::reduce_sub_histograms(ws);
 }
 
 /// Appends to `out`, increasing, every i whose bit patterns differ (a[i] vs b[i]):
