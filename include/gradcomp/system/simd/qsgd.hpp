@@ -71,10 +71,12 @@ inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_
   const fbatch a = xsimd::abs(v) * fbatch(k);
   const fbatch l = xsimd::floor(a);
   const fbatch p = a - l;
-  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary.
+  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary
+  // and the index's high half is one scalar: bits32_lanes(lo, hi, kl, kh) ==
+  // bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9), which saves a vector multiply.
   const ubatch lo = ubatch(static_cast<std::uint32_t>(e)) + c.lane;
-  const ubatch hi(static_cast<std::uint32_t>(e >> 32));
-  const ubatch rnd = detail::counter_stream::bits32_lanes<ubatch>(lo, hi, c.key_lo, c.key_hi);
+  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e >> 32) * 0x9E3779B9u);
+  const ubatch rnd = detail::counter_stream::bits32_lanes<ubatch>(lo, ubatch(0u), c.key_lo, key_hi);
   const fbatch u = xsimd::to_float(xsimd::bitwise_cast<ibatch>(rnd >> 8)) * c.inv24;
   const fbatch level = xsimd::min(l + xsimd::select(u < p, c.one, c.zero), c.s);
   const ubatch lv = xsimd::bitwise_cast<ubatch>(xsimd::to_int(level));
