@@ -242,3 +242,18 @@ TEST_CASE("bits32_lanes on an xsimd batch equals the scalar draws lane by lane")
   }
 }
 #endif
+
+TEST_CASE("the index's high half folds into the key (used by the QSGD simd kernel)") {
+  // bits32_lanes(lo, hi, kl, kh) == bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9):
+  // kernels whose batches share one high half compute it once per batch.
+  const counter_stream s = counter_rng(8).stream(9);
+  int bad = 0;
+  for (std::uint64_t t = 0; t < 20000; ++t) {
+    const std::uint64_t i = s.bits64(t);
+    const auto lo = static_cast<std::uint32_t>(i), hi = static_cast<std::uint32_t>(i >> 32);
+    bad += counter_stream::bits32_lanes<std::uint32_t>(lo, hi, s.key_lo(), s.key_hi()) !=
+           counter_stream::bits32_lanes<std::uint32_t>(lo, 0u, s.key_lo(), s.key_hi() ^ (hi * 0x9E3779B9u));
+    bad += s.bits32(i) != counter_stream::bits32_lanes<std::uint32_t>(lo, hi, s.key_lo(), s.key_hi());
+  }
+  CHECK(bad == 0);
+}
