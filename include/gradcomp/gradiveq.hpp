@@ -27,8 +27,17 @@
 #include <utility>
 #include <vector>
 
+// See system/generic/gradiveq.hpp: a GCC 12 false positive inside Eigen.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <Eigen/Cholesky>
 #include <Eigen/Core>
 #include <Eigen/Eigenvalues>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
@@ -207,14 +216,6 @@ struct local_loss_value {
 
 namespace detail {
 
-/// Result of a PCA on sample rows: mean, covariance spectrum (descending) and
-/// the leading `available` orthonormal eigenvectors (K x available, column-major).
-struct pca_fit {
-  Eigen::VectorXd mean;
-  std::vector<double> spectrum;
-  Eigen::MatrixXd vectors;
-};
-
 /// Eigenvalues below this fraction of the largest are rounding noise of a
 /// rank-deficient covariance (float inputs carry ~1e-15 relative energy of
 /// noise): they count as 0 in eq. 6 and their vectors are not used.
@@ -230,73 +231,96 @@ inline void normalise_signs(Eigen::MatrixXd& v) {
   }
 }
 
-/// Two passes of modified Gram-Schmidt: restores orthonormality to double
-/// precision without changing the leading directions.
+/// Restores orthonormal columns without changing the leading directions
+/// (the Q of a QR with positive diagonal, i.e. Gram-Schmidt): two passes of
+/// Cholesky QR (V <- V L^-T with V^T V = L L^T), all in matrix products;
+/// modified Gram-Schmidt if a Cholesky factor does not exist.
 inline void reorthonormalise(Eigen::MatrixXd& v) {
-  for (int pass = 0; pass < 2; ++pass)
+  for (int pass = 0; pass < 2; ++pass) {
+    Eigen::MatrixXd w(v.cols(), v.cols());
+    w.setZero();
+    w.selfadjointView<Eigen::Lower>().rankUpdate(v.transpose());
+    Eigen::LLT<Eigen::MatrixXd> llt(w);
+    if (llt.info() == Eigen::Success && llt.matrixL().toDenseMatrix().diagonal().minCoeff() > 1e-8) {
+      llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
+      continue;
+    }
     for (Eigen::Index j = 0; j < v.cols(); ++j) {
       for (Eigen::Index i = 0; i < j; ++i) v.col(j) -= v.col(i).dot(v.col(j)) * v.col(i);
       const double n = v.col(j).norm();
       if (n > 0) v.col(j) /= n;
     }
+  }
 }
 
-/// PCA of R sample rows of length K (row-major floats), in double precision.
+/// PCA of R sample rows of length K (row-major floats), in double precision:
+/// the mean, the covariance spectrum (descending, min(R, K) values, noise
+/// below eigen_floor set to 0) and, on demand, the leading eigenvectors.
 /// Covariance: C = Xc^T Xc / (R-1), eigenvectors of the K x K matrix.
 /// Gram: eigenpairs (s, v) of Xc Xc^T (R x R) give C's eigenpairs
-/// (s/(R-1), Xc^T v / sqrt(s)) for the non-zero s, the same subspace for a
-/// fraction of the cost when R < K.
-inline pca_fit fit_pca(const float* rows, std::size_t R, std::size_t K, pca_solver solver) {
-  using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const auto r = static_cast<Eigen::Index>(R), k = static_cast<Eigen::Index>(K);
-  Eigen::MatrixXd xc = Eigen::Map<const row_major_f>(rows, r, k).cast<double>();
-  pca_fit out;
-  out.mean = xc.colwise().mean().transpose();
-  xc.rowwise() -= out.mean.transpose();
-  const double scale = 1.0 / double(R - 1);
-  const bool use_gram = solver == pca_solver::gram || (solver == pca_solver::automatic && R <= K);
-  const Eigen::Index keep = std::min(r, k);
-  out.spectrum.assign(static_cast<std::size_t>(keep), 0.0);
-  if (use_gram) {
-    Eigen::MatrixXd gram(r, r);
-    gram.setZero();
-    gram.selfadjointView<Eigen::Lower>().rankUpdate(xc);
-    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(gram);  // reads the lower triangle only
-    if (es.info() != Eigen::Success) throw state_error("gradiveq: Gram eigen-decomposition did not converge");
-    const Eigen::VectorXd& s = es.eigenvalues();  // ascending
-    const double top = std::max(s(r - 1), 0.0);
-    Eigen::Index available = 0;
+/// (s/(R-1), Xc^T v / sqrt(s)) for the non-zero s: the same subspace for a
+/// fraction of the cost when R < K, and only the vectors asked for are formed.
+class pca_decomposition {
+ public:
+  pca_decomposition(const float* rows, std::size_t R, std::size_t K, pca_solver solver) {
+    using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const auto r = static_cast<Eigen::Index>(R), k = static_cast<Eigen::Index>(K);
+    xc_ = Eigen::Map<const row_major_f>(rows, r, k).cast<double>();
+    mean_ = xc_.colwise().mean().transpose();
+    xc_.rowwise() -= mean_.transpose();
+    const double scale = 1.0 / double(R - 1);
+    gram_ = solver == pca_solver::gram || (solver == pca_solver::automatic && R <= K);
+    const Eigen::Index n = gram_ ? r : k;
+    Eigen::MatrixXd m(n, n);
+    m.setZero();
+    if (gram_) m.selfadjointView<Eigen::Lower>().rankUpdate(xc_);
+    else m.selfadjointView<Eigen::Lower>().rankUpdate(xc_.transpose(), scale);
+    es_.compute(m);  // reads the lower triangle only
+    if (es_.info() != Eigen::Success) throw state_error("gradiveq: PCA eigen-decomposition did not converge");
+    const Eigen::VectorXd& s = es_.eigenvalues();  // ascending
+    const double top = std::max(s(n - 1), 0.0);
+    const Eigen::Index keep = std::min(r, k);
+    spectrum_.assign(static_cast<std::size_t>(keep), 0.0);
     for (Eigen::Index i = 0; i < keep; ++i) {
-      const double v = s(r - 1 - i);
+      const double v = s(n - 1 - i);
       const bool kept = top > 0 && v > eigen_floor * top;
-      out.spectrum[static_cast<std::size_t>(i)] = kept ? v * scale : 0.0;
-      if (kept) available = i + 1;
+      spectrum_[static_cast<std::size_t>(i)] = kept ? (gram_ ? v * scale : v) : 0.0;
+      if (kept) available_ = static_cast<std::size_t>(i + 1);
     }
-    out.vectors.resize(k, available);
-    for (Eigen::Index i = 0; i < available; ++i)
-      out.vectors.col(i) = xc.transpose() * es.eigenvectors().col(r - 1 - i) / std::sqrt(s(r - 1 - i));
-    reorthonormalise(out.vectors);
-  } else {
-    Eigen::MatrixXd cov(k, k);
-    cov.setZero();
-    cov.selfadjointView<Eigen::Lower>().rankUpdate(xc.transpose(), scale);
-    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(cov);  // reads the lower triangle only
-    if (es.info() != Eigen::Success) throw state_error("gradiveq: covariance eigen-decomposition did not converge");
-    const Eigen::VectorXd& s = es.eigenvalues();  // ascending
-    const double top = std::max(s(k - 1), 0.0);
-    Eigen::Index available = 0;
-    for (Eigen::Index i = 0; i < keep; ++i) {
-      const double v = s(k - 1 - i);
-      const bool kept = top > 0 && v > eigen_floor * top;
-      out.spectrum[static_cast<std::size_t>(i)] = kept ? v : 0.0;
-      if (kept) available = i + 1;
-    }
-    out.vectors.resize(k, available);
-    for (Eigen::Index i = 0; i < available; ++i) out.vectors.col(i) = es.eigenvectors().col(k - 1 - i);
   }
-  normalise_signs(out.vectors);
-  return out;
-}
+
+  const Eigen::VectorXd& mean() const noexcept { return mean_; }
+  const std::vector<double>& spectrum() const noexcept { return spectrum_; }
+  /// Eigenvectors with a non-zero eigenvalue.
+  std::size_t available() const noexcept { return available_; }
+
+  /// The leading `count` (<= available()) orthonormal eigenvectors, K x count,
+  /// sign-normalised.
+  Eigen::MatrixXd vectors(std::size_t count) const {
+    const auto c = static_cast<Eigen::Index>(std::min(count, available_));
+    const Eigen::Index n = es_.eigenvectors().cols();
+    Eigen::MatrixXd v;
+    if (gram_) {
+      // One product for all columns: Xc^T [v_1 .. v_c] diag(1/sqrt(s_i)).
+      Eigen::MatrixXd top = es_.eigenvectors().rightCols(c).rowwise().reverse();
+      for (Eigen::Index i = 0; i < c; ++i) top.col(i) /= std::sqrt(es_.eigenvalues()(n - 1 - i));
+      v.noalias() = xc_.transpose() * top;
+      reorthonormalise(v);
+    } else {
+      v = es_.eigenvectors().rightCols(c).rowwise().reverse();
+    }
+    normalise_signs(v);
+    return v;
+  }
+
+ private:
+  Eigen::MatrixXd xc_;  // centred samples, R x K
+  Eigen::VectorXd mean_;
+  bool gram_ = false;
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es_;
+  std::vector<double> spectrum_;
+  std::size_t available_ = 0;
+};
 
 }  // namespace detail
 
@@ -583,6 +607,7 @@ class linear_compressor {
     reader r = wire::parse_state(bytes, wire::codec_id::gradiveq, &h);
     if (h.element_count != length_) throw state_error("gradiveq::restore_state: state is for a layer of another length");
     std::vector<std::byte> mine;
+    mine.reserve(128);  // the parameters fit; also avoids a GCC 12 -Wstringop-overflow false positive
     wire::writer pw(mine);
     write_params(pw);
     const auto theirs = r.get_bytes(mine.size());
@@ -724,15 +749,15 @@ class linear_compressor {
       // When no d does, the samples cannot meet lambda: use every direction
       // the full fit supports (eq. 6 on the fitting data would stop short).
       const std::size_t train_rows = (pending_samples_ - held) * rows_per;
-      const auto train = detail::fit_pca(rows.data(), train_rows, k_, opt_.solver);
+      const detail::pca_decomposition train(rows.data(), train_rows, k_, opt_.solver);
       using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
       Eigen::MatrixXd hc = Eigen::Map<const row_major_f>(rows.data() + train_rows * k_,
                                                          static_cast<Eigen::Index>(R - train_rows),
                                                          static_cast<Eigen::Index>(k_))
                                .cast<double>();
-      hc.rowwise() -= train.mean.transpose();
+      hc.rowwise() -= train.mean().transpose();
       const double total = hc.squaredNorm();
-      const Eigen::MatrixXd proj = hc * train.vectors;  // held rows x available
+      const Eigen::MatrixXd proj = hc * train.vectors(train.available());  // held rows x available
       const Eigen::VectorXd per_dir = proj.colwise().squaredNorm().transpose();
       double captured = 0.0;
       use_all = true;
@@ -749,15 +774,15 @@ class linear_compressor {
       }
       b.heldout_loss = total > 0.0 ? std::max(0.0, 1.0 - captured / total) : 0.0;
     }
-    auto pca = detail::fit_pca(rows.data(), R, k_, opt_.solver);
-    const auto available = static_cast<std::size_t>(pca.vectors.cols());
-    if (held == 0) d = select_dimension(pca.spectrum, opt_.lambda);
+    const detail::pca_decomposition pca(rows.data(), R, k_, opt_.solver);
+    const std::size_t available = pca.available();
+    if (held == 0) d = select_dimension(pca.spectrum(), opt_.lambda);
     if (use_all) d = available;
     d = std::min(d, available);
     if (opt_.max_dimension) d = std::min(d, opt_.max_dimension);
-    b.spectrum = std::move(pca.spectrum);
+    b.spectrum = pca.spectrum();
     b.mean.resize(k_);
-    for (std::size_t i = 0; i < k_; ++i) b.mean[i] = static_cast<float>(pca.mean(static_cast<Eigen::Index>(i)));
+    for (std::size_t i = 0; i < k_; ++i) b.mean[i] = static_cast<float>(pca.mean()(static_cast<Eigen::Index>(i)));
     if (d == 0) {
       // All samples identical (zero variance): keep one direction, e_0, so
       // the code stays well formed; decode then returns mu plus that coordinate.
@@ -765,10 +790,10 @@ class linear_compressor {
       b.basis.assign(k_, 0.0f);
       b.basis[0] = 1.0f;
     } else {
+      const Eigen::MatrixXd v = pca.vectors(d);
       b.basis.resize(k_ * d);
-      for (std::size_t j = 0; j < d; ++j)
-        for (std::size_t i = 0; i < k_; ++i)
-          b.basis[j * k_ + i] = static_cast<float>(pca.vectors(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)));
+      Eigen::Map<Eigen::MatrixXf>(b.basis.data(), static_cast<Eigen::Index>(k_), static_cast<Eigen::Index>(d)) =
+          v.cast<float>();
     }
     b.dimension = d;
     return b;
@@ -1023,6 +1048,7 @@ class gradiveq_schedule {
     reader r = wire::parse_state(bytes, wire::codec_id::control, &h);
     reader::check(h.element_count == 0, "gradiveq_schedule state: element count must be 0");
     std::vector<std::byte> mine;
+    mine.reserve(128);  // the parameters fit; also avoids a GCC 12 -Wstringop-overflow false positive
     wire::writer pw(mine);
     write_params(pw);
     const auto theirs = r.get_bytes(mine.size());

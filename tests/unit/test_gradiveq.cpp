@@ -957,3 +957,29 @@ TEST_CASE("gradiveq: restore_state rejects other parameters and corrupted states
   d.restore_state(state);
   CHECK(d.fingerprint() == fp);
 }
+
+TEST_CASE("gradiveq: re-orthonormalisation keeps the leading directions (Cholesky QR, and its Gram-Schmidt fallback)") {
+  // Nearly orthonormal columns (what the Gram route produces): Cholesky QR path.
+  const Eigen::MatrixXd q = orthonormal(50, 6, 3);
+  Eigen::MatrixXd v = q;
+  counter_rng g{4};
+  for (Eigen::Index j = 0; j < v.cols(); ++j)
+    for (Eigen::Index i = 0; i < v.rows(); ++i) v(i, j) += 1e-6 * g.normal();
+  const Eigen::MatrixXd before = v;
+  detail::reorthonormalise(v);
+  CHECK((v.transpose() * v - Eigen::MatrixXd::Identity(6, 6)).norm() < 1e-12);
+  // Column j stays in the span of the first j + 1 input columns (Gram-Schmidt's Q).
+  for (Eigen::Index j = 0; j < 6; ++j) {
+    const Eigen::MatrixXd head = before.leftCols(j + 1);
+    const Eigen::VectorXd coef = head.colPivHouseholderQr().solve(v.col(j));
+    CHECK((head * coef - v.col(j)).norm() < 1e-10);
+  }
+  CHECK(v.col(0).dot(before.col(0).normalized()) == doctest::Approx(1.0));
+  // Two almost parallel columns: no Cholesky factor worth the name, Gram-Schmidt instead.
+  Eigen::MatrixXd w(4, 2);
+  w << 1, 1, 0, 1e-13, 0, 0, 0, 0;
+  detail::reorthonormalise(w);
+  CHECK((w.transpose() * w - Eigen::MatrixXd::Identity(2, 2)).norm() < 1e-6);
+  CHECK(w(0, 0) == doctest::Approx(1.0));
+  CHECK(std::abs(w(1, 1)) == doctest::Approx(1.0));
+}

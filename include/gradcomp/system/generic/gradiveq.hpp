@@ -14,7 +14,18 @@
 
 #include <cstddef>
 
+// GCC 12 reports -Wmaybe-uninitialized inside its AVX-512 intrinsics as
+// inlined into Eigen's GEMM packing (a false positive, GCC bug 105593, fixed
+// in GCC 13). The warning is attributed to Eigen's own function definitions,
+// so it is silenced where Eigen is first included; user code is unaffected.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <Eigen/Core>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #include <gradcomp/detail/policy_tags.hpp>
 
