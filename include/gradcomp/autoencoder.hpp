@@ -37,6 +37,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -140,7 +141,7 @@ class basic_lgc_network {
 
   /// Scratch of encode/decode (reused across calls).
   struct workspace {
-    typename nn1d::sequential<T>::workspace seq;
+    typename nn1d::sequential<T>::workspace encoder, body_layers, head;
     tensor body, cat;
   };
 
@@ -205,7 +206,7 @@ class basic_lgc_network {
   /// Encoder E_c (eqs. 3, 8, 17): x is 1 x (B*window), code is code_channels x (B*code_positions).
   void encode(const tensor& x, tensor& code, workspace& ws) const {
     check_windows(x, 1, index_type(window_), "encode");
-    encoder_.infer(x, code, ws.seq);
+    encoder_.infer(x, code, ws.encoder);
   }
 
   /// Decoder D_c^k (eqs. 4, 10, 12, 19). `innovation` (1 x (B*window)) is
@@ -213,16 +214,16 @@ class basic_lgc_network {
   void decode(std::size_t k, const tensor& code, const matrix* innovation, tensor& y, workspace& ws) const {
     if (k >= bodies_.size()) throw invalid_argument_error("lgc network: decoder " + std::to_string(k) + " does not exist");
     check_windows(code, index_type(arch_.code_channels), index_type(code_positions()), "decode");
-    bodies_[k].infer(code, ws.body, ws.seq);
+    bodies_[k].infer(code, ws.body, ws.body_layers);
     if (form_ == lgc_form::parameter_server) {
       if (!innovation || innovation->rows() != 1 || innovation->cols() != ws.body.data.cols())
         throw size_mismatch_error("lgc network: innovation channel", std::size_t(ws.body.data.cols()),
                                   innovation ? std::size_t(innovation->size()) : 0);
       concat(ws.body, *innovation, ws.cat);
-      heads_[k].infer(ws.cat, y, ws.seq);
+      heads_[k].infer(ws.cat, y, ws.head);
     } else {
       if (innovation) throw invalid_argument_error("lgc network: the ring form takes no innovation");
-      heads_[k].infer(ws.body, y, ws.seq);
+      heads_[k].infer(ws.body, y, ws.head);
     }
   }
 
@@ -1023,24 +1024,38 @@ class autoencoder_codec {
   void decode_impl(std::span<const float> codes, std::span<const float> scales, std::size_t decoder,
                    std::span<const float> innovation, std::span<float> out) const {
     if (out.size() != n_) throw size_mismatch_error("autoencoder_codec::decode: output", n_, out.size());
+    // Reuse the codec's scratch (no allocation or page faults once warm); a
+    // concurrent decode on the same codec falls back to a local one.
+    std::unique_lock<std::mutex> lock(scratch_->mutex, std::try_to_lock);
+    decode_scratch local;
+    decode_scratch& s = lock.owns_lock() ? scratch_->scratch : local;
     const std::size_t w = net_->window(), windows_ = windows();
-    nn1d::tensor<float> code, y;
-    code.length = nn1d::index_type(net_->code_positions());
-    code.data = Eigen::Map<const nn1d::matrix<float>>(codes.data(), nn1d::index_type(net_->architecture().code_channels),
-                                                      nn1d::index_type(codes.size() / net_->architecture().code_channels));
-    typename lgc_network::workspace ws;
+    s.code.length = nn1d::index_type(net_->code_positions());
+    s.code.data = Eigen::Map<const nn1d::matrix<float>>(codes.data(), nn1d::index_type(net_->architecture().code_channels),
+                                                        nn1d::index_type(codes.size() / net_->architecture().code_channels));
     if (net_->form() == lgc_form::parameter_server) {
-      nn1d::matrix<float> h(1, nn1d::index_type(windows_ * w));
-      detail::lgc_to_windows<float, float>(innovation, scales, w, h, 0);
-      net_->decode(decoder, code, &h, y, ws);
+      s.h.resize(1, nn1d::index_type(windows_ * w));
+      detail::lgc_to_windows<float, float>(innovation, scales, w, s.h, 0);
+      net_->decode(decoder, s.code, &s.h, s.y, s.ws);
     } else {
-      net_->decode(decoder, code, nullptr, y, ws);
+      net_->decode(decoder, s.code, nullptr, s.y, s.ws);
     }
-    for (std::size_t i = 0; i < n_; ++i) out[i] = y.data(0, nn1d::index_type(i)) * scales[i / w];
+    for (std::size_t i = 0; i < n_; ++i) out[i] = s.y.data(0, nn1d::index_type(i)) * scales[i / w];
   }
+
+  struct decode_scratch {
+    nn1d::tensor<float> code, y;
+    nn1d::matrix<float> h;
+    typename lgc_network::workspace ws;
+  };
+  struct scratch_holder {
+    std::mutex mutex;
+    decode_scratch scratch;
+  };
 
   std::shared_ptr<const lgc_network> net_;
   std::size_t n_;
+  std::unique_ptr<scratch_holder> scratch_ = std::make_unique<scratch_holder>();
   std::vector<float> scales_;
   nn1d::tensor<float> x_, code_;
   typename lgc_network::workspace ws_;

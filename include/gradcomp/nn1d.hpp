@@ -439,25 +439,28 @@ class sequential {
     return l;
   }
 
-  /// Inference. `ws` holds the intermediate tensors (reused across calls).
+  /// Inference. `ws` holds the intermediate tensors, one per layer, so calls
+  /// on inputs of the same shape reuse every allocation.
   struct workspace {
-    tensor<T> a, b;
-    matrix<T> col;
+    std::vector<tensor<T>> acts;
+    std::vector<matrix<T>> cols;
   };
   void infer(const tensor<T>& x, tensor<T>& y, workspace& ws) const {
     if (layers_.empty()) {
       y = x;
       return;
     }
+    ws.acts.resize(layers_.size());
+    ws.cols.resize(layers_.size());
     const tensor<T>* in = &x;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      tensor<T>& out = (i + 1 == layers_.size()) ? y : (i % 2 == 0 ? ws.a : ws.b);
+      tensor<T>& out = (i + 1 == layers_.size()) ? y : ws.acts[i];
       std::visit(
           [&](const auto& l) {
             if constexpr (std::is_same_v<std::decay_t<decltype(l)>, leaky_relu<T>>)
               l.infer(*in, out);
             else
-              l.infer(*in, out, ws.col);
+              l.infer(*in, out, ws.cols[i]);
           },
           layers_[i]);
       in = &out;
