@@ -35,7 +35,7 @@ struct run_options {
   int workers = 4;
   std::size_t batch = 32;         ///< per worker; the global batch is workers * batch
   double epochs = 3;
-  double lr = 0.1;
+  double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 5e-4;
   std::uint64_t seed = 1;
@@ -48,13 +48,19 @@ struct run_options {
   std::size_t gradiveq_lt = 20;
   std::size_t gradiveq_lc = 80;
   double gradiveq_lambda = 0.01;
+  std::size_t gradiveq_plus_pool = 16;  ///< gradiveq_plus: slices pooled per sample (0: first slice)
+  double gradiveq_plus_holdout = 0.0;   ///< gradiveq_plus: fraction of samples held out to choose d
+  double gradiveq_plus_stale = 0.0;     ///< gradiveq_plus: eq. 7 stale threshold (0: fixed L_c)
   // QSGD (4 bits = 15 levels + sign, bucket size).
   int qsgd_bits = 4;
   std::size_t qsgd_bucket = 512;
   // Two-bit quantizer (seed 003): threshold, or automatic mode when <= 0.
   double two_bit_threshold = 0;
+  double two_bit_scale = 1.0;     ///< automatic mode: thr = scale * mean |r + g|
+  bool two_bit_local_momentum = true;  ///< momentum correction before the quantizer (optimiser momentum off)
   // Sparsifier with memory: percent of each layer kept.
   double topk_percent = 1.0;
+  bool topk_dgc = true;           ///< DGC momentum correction in the sparsifier (optimiser momentum off)
   // DGS (seed 001): sparsity in percent, SAMomentum momentum, secondary compression.
   double dgs_sparsity = 99.0;
   double dgs_momentum = 0.7;

@@ -12,7 +12,9 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
+#include <gradcomp/autoencoder.hpp>
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -70,9 +72,9 @@ std::string config_unavailable(config_id c) {
     case config_id::gradiveq_plus:
     case config_id::two_bit:
     case config_id::topk: return {};
-    case config_id::qsgd4: return "not wired in this build yet (waits for include/gradcomp/qsgd.hpp)";
+    case config_id::qsgd4: return {};
     case config_id::dgs: return {};
-    case config_id::lgc: return "not wired in this build yet (waits for include/gradcomp/autoencoder.hpp)";
+    case config_id::lgc: return {};
   }
   return "unknown configuration";
 }
@@ -232,30 +234,82 @@ template <class Codec>
 class gather_exchanger final : public exchanger {
  public:
   template <class Make>
-  gather_exchanger(counted_transport& t, std::span<const layer_desc> layers, Make make, std::string what)
-      : t_(t), what_(std::move(what)) {
+  /// `codec_momentum` > 0: the codec applies momentum itself (DGC mode).
+  /// `local_momentum` > 0: momentum correction outside the codec (Lin et
+  /// al.'s DGC, applied to any error-feedback codec): each worker folds its
+  /// gradient into a local velocity u <- m u + g and compresses u, the
+  /// aggregate is applied with plain SGD. Uncompressed, the mean of the local
+  /// velocities is exactly the global velocity of momentum SGD; compressed,
+  /// it keeps the residual from being re-amplified by a second momentum.
+  gather_exchanger(counted_transport& t, std::span<const layer_desc> layers, Make make, std::string what,
+                   float codec_momentum = 0.0f, float local_momentum = 0.0f)
+      : t_(t), what_(std::move(what)), local_momentum_(local_momentum),
+        rest_momentum_(local_momentum > 0.0f ? local_momentum : codec_momentum) {
     auto [chosen, rest] = split_layers(layers, is_weight);
     chosen_ = std::move(chosen);
     rest_ = dense_bucket(std::move(rest), layers);
-    for (auto i : chosen_) codecs_.push_back(make(layers[i].shape.size()));
+    for (auto i : chosen_) codecs_.push_back(make(i, layers[i].shape.size()));
     payloads_.resize(chosen_.size());
+    if (local_momentum_ > 0.0f) {
+      velocity_.resize(chosen_.size());
+      for (std::size_t j = 0; j < chosen_.size(); ++j) velocity_[j].assign(layers[chosen_[j]].shape.size(), 0.0f);
+    }
   }
   void exchange(std::size_t, double, std::span<const std::span<float>> layers) override {
     rest_.exchange(t_, layers, counters);
-    for (std::size_t j = 0; j < chosen_.size(); ++j)
-      allgather_decode_mean(t_, codecs_[j], layers[chosen_[j]], payloads_[j], counters);
+    if (rest_momentum_ > 0.0f) rest_velocity(layers);
+    for (std::size_t j = 0; j < chosen_.size(); ++j) {
+      const auto layer = layers[chosen_[j]];
+      if (local_momentum_ > 0.0f) {
+        auto& u = velocity_[j];
+        for (std::size_t i = 0; i < u.size(); ++i) u[i] = local_momentum_ * u[i] + layer[i];
+        std::copy(u.begin(), u.end(), layer.begin());
+      }
+      allgather_decode_mean(t_, codecs_[j], layer, payloads_[j], counters);
+    }
   }
   std::string target_label() const override { return "weights"; }
   std::string phase() const override { return what_; }
+  bool momentum_in_codec() const noexcept override { return rest_momentum_ > 0.0f; }
 
  private:
+  /// With local momentum the optimiser has none, so the uncompressed layers
+  /// (averaged exactly) get their momentum here: the same velocity on every worker.
+  void rest_velocity(std::span<const std::span<float>> layers) {
+    if (rest_velocity_.empty()) rest_velocity_.resize(layers.size());
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      if (std::find(chosen_.begin(), chosen_.end(), i) != chosen_.end()) continue;
+      auto& u = rest_velocity_[i];
+      if (u.empty()) u.assign(layers[i].size(), 0.0f);
+      for (std::size_t e = 0; e < u.size(); ++e) u[e] = rest_momentum_ * u[e] + layers[i][e];
+      std::copy(u.begin(), u.end(), layers[i].begin());
+    }
+  }
   counted_transport& t_;
   std::string what_;
+  float local_momentum_;
+  float rest_momentum_;
+  std::vector<std::vector<float>> velocity_, rest_velocity_;
   std::vector<std::size_t> chosen_;
   dense_bucket rest_;
   std::vector<Codec> codecs_;
   std::vector<typename Codec::payload_type> payloads_;
 };
+
+// --- QSGD --------------------------------------------------------------------
+
+/// QSGD with s = 2^(bits-1) - 1 levels (7 for 4 bits) and buckets of
+/// `qsgd_bucket`; every worker and layer draws its own rounding stream.
+gradcomp::qsgd_options qsgd_config(const run_options& o, int rank, std::size_t layer) {
+  gradcomp::qsgd_options q;
+  q.bits = unsigned(o.qsgd_bits);
+  q.levels = 0;
+  q.bucket_size = o.qsgd_bucket;
+  std::uint64_t x = o.seed ^ (0x9E3779B97F4A7C15ull * std::uint64_t(rank + 1)) ^ (0xD1B54A32D192ED03ull * (layer + 1));
+  x ^= x >> 29;
+  q.seed = x;
+  return q;
+}
 
 // --- GradiVeQ ----------------------------------------------------------------
 
@@ -335,24 +389,30 @@ gradiveq_setup gradiveq_config(const run_options& o, bool plus, int workers) {
   g.schedule.warmup_iterations = o.gradiveq_warmup;
   g.schedule.sampling_iterations = o.gradiveq_lt;
   g.schedule.compressed_iterations = o.gradiveq_lc;
-  // The sampling iterations are QSGD-quantized in the paper; without
-  // qsgd.hpp in this build they aggregate uncompressed (said in the summary).
-  g.schedule.sampling = gradcomp::sampling_aggregation::uncompressed;
+  // Sec. 4: the L_t sampling iterations are QSGD-quantized (4 bits) and the
+  // decoded aggregates are the PCA samples.
+  g.schedule.sampling = gradcomp::sampling_aggregation::qsgd;
+  g.schedule.qsgd_bits = 4;
   if (plus) {
-    // Beyond the paper, all keeping the codec linear:
-    //  - pooled samples: the basis is fitted on up to 16 slices per sample
-    //    spread over the layer instead of the first slice only, so it
-    //    describes every slice it compresses (s = infinity reuses it on all);
-    //  - d chosen on held-out samples (eq. 6 applied to unseen gradients);
-    //  - the eq. 7 monitor ends L_c early when most workers' local loss
-    //    exceeds 4 lambda, and adaptive cycles shorten L_c after an early end.
-    g.codec.source = gradcomp::basis_source::pooled;
-    g.codec.pool_slices = 16;
-    g.codec.holdout_fraction = 0.2;
-    g.schedule.stale_threshold = 4.0 * o.gradiveq_lambda;
-    g.schedule.patience = 2;
-    g.schedule.adaptive_cycles = true;
-    g.schedule.min_compressed_iterations = std::max<std::size_t>(1, o.gradiveq_lc / 4);
+    // Beyond the paper, all keeping the codec linear (options of run_options):
+    //  - pooled samples: the basis of a layer is fitted on up to `pool`
+    //    slices per sample spread over the layer, not the first slice only,
+    //    so it describes every slice it compresses (s = infinity) and its
+    //    rank is no longer capped by L_t - 1;
+    //  - optionally d chosen on held-out samples (eq. 6 on unseen gradients);
+    //  - optionally the eq. 7 monitor: L_c ends early when most workers'
+    //    relative local loss exceeds the threshold, with adaptive cycles.
+    if (o.gradiveq_plus_pool > 0) {
+      g.codec.source = gradcomp::basis_source::pooled;
+      g.codec.pool_slices = o.gradiveq_plus_pool;
+    }
+    g.codec.holdout_fraction = o.gradiveq_plus_holdout;
+    if (o.gradiveq_plus_stale > 0) {
+      g.schedule.stale_threshold = o.gradiveq_plus_stale;
+      g.schedule.patience = 2;
+      g.schedule.adaptive_cycles = true;
+      g.schedule.min_compressed_iterations = std::max<std::size_t>(1, o.gradiveq_lc / 4);
+    }
   }
   return g;
 }
@@ -371,6 +431,9 @@ class gradiveq_exchanger final : public exchanger {
     for (auto i : conv_) {
       shapes_.push_back(layers[i].shape);
       codecs_.emplace_back(layers[i].shape, setup_.codec);
+      auto q = qsgd_config(o, t.rank(), 1000 + i);
+      q.bits = setup_.schedule.qsgd_bits;
+      samplers_.emplace_back(q);
     }
   }
 
@@ -390,8 +453,19 @@ class gradiveq_exchanger final : public exchanger {
           break;
         case gradcomp::gradiveq_phase::sampling:
           // The sum over the workers is the PCA sample (eq. 5 decodes sums).
-          gradcomp::ring_allreduce(policy{}, t_, std::span<float>(flat_), {.average = false, .tag_base = tag_dense});
-          count(counters, flat_.size(), 4 * flat_.size(), true);
+          if (schedule_.sampling_quantized()) {
+            // QSGD on the L_t iterations: all-gather the payloads, decode
+            // and sum in rank order (the same sample on every worker).
+            samplers_[j].encode(flat_, sample_payload_);
+            auto bytes = gradcomp::wire::serialize(sample_payload_);
+            count(counters, flat_.size(), bytes.size(), true);
+            auto all = allgather_bytes(t_, std::move(bytes), tag_gather);
+            std::fill(flat_.begin(), flat_.end(), 0.0f);
+            for (const auto& b : all) samplers_[j].decode_add(gradcomp::wire::parse<gradcomp::qsgd_payload>(b), flat_);
+          } else {
+            gradcomp::ring_allreduce(policy{}, t_, std::span<float>(flat_), {.average = false, .tag_base = tag_dense});
+            count(counters, flat_.size(), 4 * flat_.size(), true);
+          }
           codecs_[j].add_sample(flat_);
           scale(flat_, inv_n);
           break;
@@ -408,7 +482,10 @@ class gradiveq_exchanger final : public exchanger {
       }
       gradcomp::unflatten_gradiveq(shapes_[j], flat_, layer);
     }
-    if (phase == gradcomp::gradiveq_phase::compressed) ++compressed_steps_;
+    if (phase == gradcomp::gradiveq_phase::compressed) {
+      ++compressed_steps_;
+      relative_loss_sum_ += loss.relative();
+    }
     gradcomp::gradiveq_step next;
     if (phase == gradcomp::gradiveq_phase::compressed && std::isfinite(setup_.schedule.stale_threshold)) {
       // Eq. 7 majority vote: every worker learns every vote (1 byte each, counted on the wire).
@@ -456,7 +533,12 @@ class gradiveq_exchanger final : public exchanger {
     for (const auto& c : codecs_) s += " " + (c.has_basis() ? std::to_string(c.dimension()) : std::string("-")) + "/" + std::to_string(c.slice_size());
     s += "; fits " + std::to_string(codecs_.empty() ? 0 : codecs_.front().fits());
     if (std::isfinite(setup_.schedule.stale_threshold)) s += "; L_c ended early " + std::to_string(early_ends_) + "x";
-    s += "; L_t aggregated uncompressed (no qsgd.hpp in this build)";
+    s += schedule_.sampling_quantized() ? "; L_t iterations QSGD 4-bit" : "; L_t iterations uncompressed";
+    if (compressed_steps_) {
+      char b[96];
+      std::snprintf(b, sizeof b, "; mean eq. 7 relative local loss in L_c %.3f", relative_loss_sum_ / double(compressed_steps_));
+      s += b;
+    }
     return s;
   }
 
@@ -472,18 +554,21 @@ class gradiveq_exchanger final : public exchanger {
   std::vector<std::size_t> conv_;
   std::vector<gradcomp::layer_shape> shapes_;
   std::vector<gq_codec> codecs_;
+  std::vector<gradcomp::qsgd<policy>> samplers_;  // QSGD of the L_t iterations
+  gradcomp::qsgd_payload sample_payload_;
   dense_bucket rest_;
   std::vector<float> flat_;
   codec_counters compressed_;  // the compressed iterations only
   std::size_t compressed_steps_ = 0;
   std::size_t early_ends_ = 0;
+  double relative_loss_sum_ = 0;  // eq. 7 relative local loss, summed over the L_c steps
 };
 
 // --- two-bit, top-k ----------------------------------------------------------
 
 gradcomp::two_bit_options two_bit_config(const run_options& o) {
   return o.two_bit_threshold > 0 ? gradcomp::two_bit_options::fixed(float(o.two_bit_threshold))
-                                 : gradcomp::two_bit_options::automatic(1.0f);
+                                 : gradcomp::two_bit_options::automatic(float(o.two_bit_scale));
 }
 
 gradcomp::sparsifier_options topk_config(const run_options& o) {
@@ -491,7 +576,11 @@ gradcomp::sparsifier_options topk_config(const run_options& o) {
   s.ratio_percent = o.topk_percent;
   s.mode = gradcomp::threshold_mode::exact;
   s.seed = o.seed;
-  s.scale = 1.0f;  // residual in gradient units; the optimiser applies lr and momentum to the aggregate
+  s.scale = 1.0f;  // residual in gradient units; the optimiser applies lr (and momentum) to the aggregate
+  if (o.topk_dgc) {
+    s.dgc_momentum = true;
+    s.momentum = float(o.momentum);
+  }
   return s;
 }
 
@@ -595,6 +684,145 @@ class dgs_exchanger final : public exchanger {
   std::uint64_t entries_received_ = 0, pushes_ = 0;
 };
 
+
+// --- LGC ---------------------------------------------------------------------
+
+/// LGC options for this model (seed 004, Sec. V-VI): alpha = 0.1% top-k with
+/// DGC momentum correction, three phases, the autoencoder window shrunk to
+/// the top-k vector of this small model (a multiple of 2^depth = 16).
+gradcomp::lgc_options lgc_config(const run_options& o, std::size_t autoencoder_values) {
+  gradcomp::lgc_options l;
+  l.alpha_percent = o.lgc_topk_percent;
+  l.momentum = float(o.momentum);
+  l.schedule.full_iterations = o.lgc_phase1;
+  l.schedule.training_iterations = o.lgc_phase2;
+  l.seed = o.seed;
+  const std::size_t r = l.architecture.reduction();
+  l.window = std::clamp<std::size_t>(autoencoder_values / r * r, r, 1024);
+  return l;
+}
+
+/// The LGC grouping of this model: layer 0 (sent dense, "the first layer")
+/// gathers the stem conv and every 1-D tensor (norm parameters, biases), the
+/// conv weights go through the autoencoder, and the classifier weight is the
+/// top-k-only "last layer" (Section VI-A).
+struct lgc_groups {
+  std::vector<std::size_t> dense;    // model layers in group 0
+  std::vector<std::size_t> coded;    // model layers 1..C (autoencoder)
+  std::size_t last = 0;              // the classifier weight (top-k only)
+  std::vector<std::size_t> sizes;    // the LGC layer sizes
+};
+
+lgc_groups lgc_grouping(std::span<const layer_desc> layers) {
+  lgc_groups g;
+  bool stem_seen = false, have_last = false;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (is_conv(layers[i]) && stem_seen) g.coded.push_back(i);
+    else if (is_conv(layers[i])) {
+      g.dense.push_back(i);
+      stem_seen = true;
+    } else if (layers[i].dims == 2) {
+      g.last = i;
+      have_last = true;
+    } else {
+      g.dense.push_back(i);
+    }
+  }
+  if (!have_last || g.coded.empty()) throw gradcomp::invalid_argument_error("lgc: the model needs conv layers and a linear layer");
+  std::size_t dense_n = 0;
+  for (auto i : g.dense) dense_n += layers[i].shape.size();
+  g.sizes.push_back(dense_n);
+  for (auto i : g.coded) g.sizes.push_back(layers[i].shape.size());
+  g.sizes.push_back(layers[g.last].shape.size());
+  return g;
+}
+
+std::size_t lgc_autoencoder_values(std::span<const layer_desc> layers, const run_options& o) {
+  const auto g = lgc_grouping(layers);
+  std::size_t mu = 0;
+  for (auto i : g.coded) mu += gradcomp::sparse_selection_count(layers[i].shape.size(), o.lgc_topk_percent);
+  return mu;
+}
+
+/// The LGC ring form (seed 004, Sec. IV-B, Algorithm 2) through
+/// gradcomp::lgc_ring_node: phase 1 dense, phase 2 top-k while rank 0 trains
+/// the autoencoder online, phase 3 the codes of the top-k values averaged
+/// with a ring all-reduce and decoded once. The aggregate is momentum
+/// corrected (DGC), so the optimiser takes plain SGD steps.
+class lgc_exchanger final : public exchanger {
+ public:
+  lgc_exchanger(counted_transport& t, std::span<const layer_desc> layers, const run_options& o, std::size_t)
+      : t_(t),
+        groups_(lgc_grouping(layers)),
+        node_(t.rank(), t.size(), groups_.sizes, lgc_config(o, lgc_autoencoder_values(layers, o))) {
+    dense_.resize(groups_.sizes[0]);
+  }
+  bool momentum_in_codec() const noexcept override { return node_.options().momentum > 0.0f; }
+  std::string target_label() const override { return "conv+fc"; }
+
+  void exchange(std::size_t, double, std::span<const std::span<float>> layers) override {
+    std::size_t at = 0;
+    for (auto i : groups_.dense) {
+      std::copy(layers[i].begin(), layers[i].end(), dense_.begin() + std::ptrdiff_t(at));
+      at += layers[i].size();
+    }
+    std::vector<std::span<float>> spans;
+    spans.push_back(dense_);
+    for (auto i : groups_.coded) spans.push_back(layers[i]);
+    spans.push_back(layers[groups_.last]);
+    const auto phase = node_.phase();
+    node_.step(t_, spans);
+    at = 0;
+    for (auto i : groups_.dense) {
+      std::copy(dense_.begin() + std::ptrdiff_t(at), dense_.begin() + std::ptrdiff_t(at + layers[i].size()), layers[i].begin());
+      at += layers[i].size();
+    }
+    // Byte accounting: the node's payload bytes; the dense group is the
+    // non-target part (its float32 bytes, plus the one header in phase 1).
+    const auto& tr = node_.last_traffic();
+    const std::size_t dense_bytes = 4 * dense_.size();
+    counters.raw_bytes += tr.original_bytes;
+    counters.encoded_bytes += tr.payload_bytes;
+    counters.target_raw_bytes += tr.original_bytes - dense_bytes;
+    counters.target_encoded_bytes += tr.payload_bytes - dense_bytes - gradcomp::wire::header_size;
+    if (phase == gradcomp::lgc_phase::compressed) {
+      compressed_.raw_bytes += tr.original_bytes - dense_bytes;
+      compressed_.encoded_bytes += tr.payload_bytes - dense_bytes - gradcomp::wire::header_size;
+    }
+  }
+
+  std::string phase() const override {
+    switch (node_.phase()) {
+      case gradcomp::lgc_phase::full: return "LGC phase 1 (dense)";
+      case gradcomp::lgc_phase::topk_training: {
+        char b[96];
+        std::snprintf(b, sizeof b, "LGC phase 2 (top-k, autoencoder training, loss %.4g)", double(node_.last_training_loss()));
+        return b;
+      }
+      case gradcomp::lgc_phase::compressed: return "LGC phase 3 (compressed)";
+    }
+    return {};
+  }
+
+  std::string summary() const override {
+    char b[300];
+    std::snprintf(b, sizeof b,
+                  "window %zu, %zu top-k values per step through the autoencoder; compressed layers in phase 3: %.1fx "
+                  "(paper CR incl. indices and weights); autoencoder training steps %llu (rejected %llu), last loss %.4g",
+                  node_.options().window, node_.layout().mu,
+                  compressed_.encoded_bytes ? double(compressed_.raw_bytes) / double(compressed_.encoded_bytes) : 0.0,
+                  (unsigned long long)node_.training_steps(), (unsigned long long)node_.rejected_training_steps(),
+                  double(node_.last_training_loss()));
+    return b;
+  }
+
+ private:
+  counted_transport& t_;
+  lgc_groups groups_;
+  gradcomp::lgc_ring_node<policy> node_;
+  std::vector<float> dense_;
+  codec_counters compressed_;
+};
 }  // namespace
 
 bool uses_parameter_server(config_id c) noexcept { return c == config_id::dgs; }
@@ -645,6 +873,18 @@ void validate_codec_options(config_id c, const run_options& o, std::span<const l
       if (!std::isfinite(o.two_bit_threshold)) throw gradcomp::invalid_argument_error("two_bit: threshold must be finite");
       gradcomp::two_bit_quantizer<policy>(1, two_bit_config(o));
       break;
+    case config_id::qsgd4:
+      if (o.qsgd_bits != 2 && o.qsgd_bits != 4 && o.qsgd_bits != 8)
+        throw gradcomp::invalid_argument_error("qsgd4: --qsgd-bits must be 2, 4 or 8, got " + std::to_string(o.qsgd_bits));
+      gradcomp::qsgd<policy>(qsgd_config(o, 0, 0));
+      break;
+    case config_id::lgc: {
+      if (!(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
+        throw gradcomp::invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
+      const auto g = lgc_grouping(layers);
+      gradcomp::lgc_layout check(g.sizes, lgc_config(o, lgc_autoencoder_values(layers, o)));  // throws on bad options
+      break;
+    }
     case config_id::dgs:
       if (!(o.dgs_sparsity >= 0 && o.dgs_sparsity < 100))
         throw gradcomp::invalid_argument_error("dgs: --dgs-sparsity must be in [0, 100), got " + std::to_string(o.dgs_sparsity));
@@ -674,14 +914,23 @@ std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, cou
     case config_id::two_bit: {
       const auto opt = two_bit_config(o);
       return std::make_unique<gather_exchanger<gradcomp::two_bit_quantizer<policy>>>(
-          data, layers, [&](std::size_t n) { return gradcomp::two_bit_quantizer<policy>(n, opt); }, "");
+          data, layers, [&](std::size_t, std::size_t n) { return gradcomp::two_bit_quantizer<policy>(n, opt); }, "",
+          false, o.two_bit_local_momentum ? float(o.momentum) : 0.0f);
     }
     case config_id::topk: {
       const auto opt = topk_config(o);
       return std::make_unique<gather_exchanger<gradcomp::sparsifier_with_memory<policy>>>(
-          data, layers, [&](std::size_t n) { return gradcomp::sparsifier_with_memory<policy>(n, opt); }, "");
+          data, layers, [&](std::size_t, std::size_t n) { return gradcomp::sparsifier_with_memory<policy>(n, opt); }, "",
+          o.topk_dgc ? float(o.momentum) : 0.0f);
     }
     case config_id::dgs: return std::make_unique<dgs_exchanger>(data, layers, o, initial);
+    case config_id::qsgd4: {
+      const int rank = data.rank();
+      return std::make_unique<gather_exchanger<gradcomp::qsgd<policy>>>(
+          data, layers,
+          [&](std::size_t j, std::size_t) { return gradcomp::qsgd<policy>(qsgd_config(o, rank, j)); }, "");
+    }
+    case config_id::lgc: return std::make_unique<lgc_exchanger>(data, layers, o, total_steps);
     default: break;
   }
   throw gradcomp::invalid_argument_error(std::string(config_name(c)) + ": " + config_unavailable(c));

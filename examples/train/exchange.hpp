@@ -34,6 +34,9 @@ class exchanger {
   virtual void exchange(std::size_t step, double lr, std::span<const std::span<float>> layers) = 0;
   /// Short name of the current phase for the progress line ("warm-up", "L_t", ...), or "".
   virtual std::string phase() const { return {}; }
+  /// True when the codec applies momentum itself (DGC momentum correction):
+  /// the optimiser then takes plain SGD steps on the aggregate.
+  virtual bool momentum_in_codec() const noexcept { return false; }
   /// False for asynchronous exchanges: no barrier before them, and the
   /// replicas differ until finish().
   virtual bool synchronous() const noexcept { return true; }

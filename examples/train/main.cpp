@@ -29,6 +29,9 @@
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/transport/inproc.hpp>
+#if defined(GRADCOMP_HAS_MPI)
+#include <gradcomp/transport/mpi.hpp>
+#endif
 
 #include "common.hpp"
 #include "data.hpp"
@@ -212,9 +215,11 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
   }
   auto params = net->parameters();
   if (params.size() != ctx.layers.size()) throw std::logic_error("parameter list and layer list differ");
-  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
-
   auto ex = make_exchanger(ctx.config, o, data, ctx.layers, ctx.initial, ctx.total_steps);
+  // With DGC momentum correction the codec carries the momentum.
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(o.lr)
+                                          .momentum(ex->momentum_in_codec() ? 0.0 : o.momentum)
+                                          .weight_decay(o.weight_decay));
   std::vector<std::vector<float>> grads(params.size());
   std::vector<std::span<float>> spans(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -453,13 +458,118 @@ run_result run_inproc(const run_context& ctx) {
   return report.result;
 }
 
+#if defined(GRADCOMP_HAS_MPI)
+/// True when this process was started by mpirun / mpiexec (Open MPI, PMI, PMIx).
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+/// Runs one configuration with one worker per MPI process (this process is
+/// one of them); returns worker 0's report on process 0 (empty elsewhere).
+/// msgd_single runs on process 0 alone. DGS needs a server: it runs on the
+/// last process and the other W-1 processes are its workers (worker 0 on
+/// process 0), so DGS trains with N = W-1 workers under MPI.
+run_result run_mpi(const run_context& ctx, const run_context& dgs_ctx) {
+  worker_report report;
+  const int world_rank = [] {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+  }();
+  if (ctx.config == config_id::msgd_single) {
+    if (world_rank == 0) report.result = run_inproc(ctx);
+    MPI_Barrier(MPI_COMM_WORLD);
+    return report.result;
+  }
+  gradcomp::mpi_transport_options mo;
+  mo.timeout = std::chrono::minutes(10);
+  gradcomp::mpi_transport mt(MPI_COMM_WORLD, mo);
+  counted_transport data_world(mt);
+  if (!uses_parameter_server(ctx.config)) {
+    counted_transport ctl(mt);
+    worker_main(ctx, data_world, ctl, world_rank == 0 ? &report : nullptr);
+    return report.result;
+  }
+  const int w = mt.size();
+  rotated_view<gradcomp::mpi_transport> ps(mt, w - 1);  // logical 0 (server) = process w-1
+  counted_transport data(ps);
+  if (ps.rank() == 0) {
+    const std::string summary = run_dgs_server(data, *dgs_ctx.options, dgs_ctx.layers, dgs_ctx.initial, dgs_ctx.total_steps);
+    // Process 0 prints the table: hand it the server's line.
+    std::vector<std::byte> b(summary.size());
+    std::memcpy(b.data(), summary.data(), summary.size());
+    ps.isend(1, tag_final + 1, std::move(b)).wait();
+    return {};
+  }
+  rank_offset_view<rotated_view<gradcomp::mpi_transport>> workers(ps, 1, w - 1);
+  counted_transport ctl(workers);
+  worker_main(dgs_ctx, data, ctl, world_rank == 0 ? &report : nullptr);
+  if (world_rank == 0) {
+    auto m = ps.irecv(0, tag_final + 1).wait();
+    report.result.note += "; " + std::string(reinterpret_cast<const char*>(m.bytes.data()), m.bytes.size());
+  }
+  return report.result;
+}
+#endif
+
 std::string join_names() {
   std::string s;
   for (auto c : all_configs) s += (s.empty() ? "" : ", ") + std::string(config_name(c));
   return s;
 }
 
+/// Exit code of an exception (see main()).
+int exit_code_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const usage_error& x) {
+    std::cerr << "train: error: " << x.what() << "\n";
+    return 2;
+  } catch (const data_error& x) {
+    std::cerr << "train: data error: " << x.what() << "\n";
+    return 3;
+  } catch (const gradcomp::invalid_argument_error& x) {
+    std::cerr << "train: invalid parameter: " << x.what() << "\n";
+    return 2;
+  } catch (const std::exception& x) {
+    std::cerr << "train: error: " << x.what() << "\n";
+    return 1;
+  }
+}
+
+int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_mode);
+
 int real_main(int argc, char** argv) {
+  // Under mpirun: one worker per process (MPI initialised before parsing).
+  int world_rank = 0, world_size = 1;
+  bool mpi_mode = false;
+#if defined(GRADCOMP_HAS_MPI)
+  std::optional<gradcomp::mpi_environment> mpi_env;
+  if (launched_by_mpirun()) {
+    mpi_env.emplace(&argc, &argv, MPI_THREAD_SERIALIZED);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    mpi_mode = world_size > 1;
+  }
+  if (mpi_mode) {
+    // An error on one process must not leave the others waiting: abort the job.
+    try {
+      return run_program(argc, argv, world_rank, world_size, mpi_mode);
+    } catch (...) {
+      std::cerr << "[process " << world_rank << "] ";
+      const int code = exit_code_of(std::current_exception());
+      MPI_Abort(MPI_COMM_WORLD, code);
+      return code;
+    }
+  }
+#endif
+  return run_program(argc, argv, world_rank, world_size, mpi_mode);
+}
+
+int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_mode) {
+  // Only process 0 prints (errors are printed by every process).
+  std::ostringstream discard;
+  std::ostream& out = world_rank == 0 ? std::cout : static_cast<std::ostream&>(discard);
   run_options o;
   o.data_dir = default_data_dir;
   bool full = false, list = false;
@@ -485,8 +595,10 @@ int real_main(int argc, char** argv) {
       ->delimiter(',');
   app.add_flag("--list", list, "List the configurations and whether this build can run them, then exit");
   app.add_flag("--full", full, "Train long enough for the accuracies to settle (all 60000 images, 12 epochs)");
-  app.add_option("-n,--workers", o.workers, "Number of workers N (threads over the in-process transport)")
-      ->capture_default_str();
+  auto* workers_option =
+      app.add_option("-n,--workers", o.workers,
+                     "Number of workers N (threads over the in-process transport; under mpirun: the process count)")
+          ->capture_default_str();
   app.add_option("--batch", o.batch, "Batch size per worker (the global batch is N x this)")->capture_default_str();
   app.add_option("--epochs", epochs, "Epochs over the training subset (default 3, --full: 12)");
   app.add_option("--train-samples", train_samples, "Training images used (default 12000, --full: 60000)");
@@ -511,12 +623,29 @@ int real_main(int argc, char** argv) {
   app.add_option("--gradiveq-lc", o.gradiveq_lc, "GradiVeQ: L_c compressed steps per cycle")->capture_default_str();
   app.add_option("--gradiveq-lambda", o.gradiveq_lambda, "GradiVeQ: PCA loss threshold lambda (eq. 6)")
       ->capture_default_str();
+  app.add_option("--gradiveq-plus-pool", o.gradiveq_plus_pool,
+                 "gradiveq_plus: slices pooled per PCA sample (0: the paper's first slice)")
+      ->capture_default_str();
+  app.add_option("--gradiveq-plus-holdout", o.gradiveq_plus_holdout,
+                 "gradiveq_plus: fraction of the samples held out to choose d (0: off)")
+      ->capture_default_str();
+  app.add_option("--gradiveq-plus-stale", o.gradiveq_plus_stale,
+                 "gradiveq_plus: eq. 7 relative-loss threshold that ends L_c early (0: fixed L_c)")
+      ->capture_default_str();
   app.add_option("--qsgd-bits", o.qsgd_bits, "QSGD: bits per value")->capture_default_str();
   app.add_option("--qsgd-bucket", o.qsgd_bucket, "QSGD: bucket size")->capture_default_str();
   app.add_option("--two-bit-threshold", o.two_bit_threshold,
                  "Two-bit: fixed threshold, or <= 0 for the automatic mode")
       ->capture_default_str();
   app.add_option("--topk-percent", o.topk_percent, "Sparsifier: percent of each layer sent")->capture_default_str();
+  app.add_option("--topk-dgc", o.topk_dgc,
+                 "Sparsifier: DGC momentum correction and masking in the codec (optimiser without momentum)")
+      ->capture_default_str();
+  app.add_option("--two-bit-local-momentum", o.two_bit_local_momentum,
+                 "Two-bit: momentum correction before the quantizer (optimiser without momentum)")
+      ->capture_default_str();
+  app.add_option("--two-bit-scale", o.two_bit_scale, "Two-bit automatic mode: threshold = scale * mean |r + g|")
+      ->capture_default_str();
   app.add_option("--dgs-sparsity", o.dgs_sparsity, "DGS: percent of each layer NOT sent")->capture_default_str();
   app.add_option("--dgs-momentum", o.dgs_momentum, "DGS: SAMomentum coefficient")->capture_default_str();
   app.add_option("--dgs-secondary", o.dgs_secondary, "DGS: sparsify the server's model difference too")
@@ -536,7 +665,7 @@ int real_main(int argc, char** argv) {
   if (list) {
     for (auto c : all_configs) {
       const auto why = config_unavailable(c);
-      std::cout << std::left << std::setw(14) << config_name(c) << (why.empty() ? "available    " : "UNAVAILABLE  ")
+      out << std::left << std::setw(14) << config_name(c) << (why.empty() ? "available    " : "UNAVAILABLE  ")
                 << config_description(c) << (why.empty() ? "" : "\n              " + why) << "\n";
     }
     return 0;
@@ -572,6 +701,13 @@ int real_main(int argc, char** argv) {
     o.lgc_phase2 = 500;
   }
 
+  if (mpi_mode) {
+    if (workers_option->count() > 0 && o.workers != world_size)
+      throw usage_error("--workers " + std::to_string(o.workers) + " disagrees with the " +
+                        std::to_string(world_size) + " MPI processes (under mpirun N is the process count)");
+    o.workers = world_size;
+  }
+
   // Validate before loading anything.
   if (o.workers < 1 || o.workers > 256) throw usage_error("--workers must be in [1, 256], got " + std::to_string(o.workers));
   if (o.batch < 1 || o.batch > 4096) throw usage_error("--batch must be in [1, 4096]");
@@ -602,7 +738,7 @@ int real_main(int argc, char** argv) {
   for (auto c : selected)
     if (config_unavailable(c).empty()) validate_codec_options(c, o, layers);
 
-  std::cout << "loading Fashion-MNIST from " << o.data_dir << std::endl;
+  out << "loading Fashion-MNIST from " << o.data_dir << std::endl;
   const fashion_mnist data = load_fashion_mnist(o.data_dir);
   if (o.train_samples > data.train.count)
     throw usage_error("--train-samples " + std::to_string(o.train_samples) + " exceeds the " +
@@ -619,23 +755,28 @@ int real_main(int argc, char** argv) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t total_steps =
       std::max<std::size_t>(1, std::size_t(std::llround(o.epochs * double(plan.steps_per_epoch))));
-  std::cout << "model: " << layers.size() << " tensors, " << params << " parameters (" << std::fixed
+  out << "model: " << layers.size() << " tensors, " << params << " parameters (" << std::fixed
             << std::setprecision(1) << 100.0 * double(conv_params) / double(params) << "% in convolutions)\n"
             << "data: " << o.train_samples << " training images in " << o.workers << " shards, batch " << o.batch
             << " per worker (global " << std::size_t(o.workers) * o.batch << "), " << plan.steps_per_epoch
             << " steps per epoch, " << total_steps << " steps (" << std::setprecision(2) << o.epochs
             << " epochs); test " << data.test.count << " images\n"
-            << "machine: " << cores << " hardware threads\n";
+            << "machine: " << cores << " hardware threads"
+            << (mpi_mode ? ", " + std::to_string(world_size) + " MPI processes (one worker each)" : std::string())
+            << "\n";
 
   std::vector<run_result> results;
   std::vector<std::string> skipped;
   for (auto c : selected) {
     if (auto why = config_unavailable(c); !why.empty()) {
-      std::cout << "\n[" << config_name(c) << "] UNAVAILABLE in this build: " << why << " -- skipped, no result\n";
+      out << "\n[" << config_name(c) << "] UNAVAILABLE in this build: " << why << " -- skipped, no result\n";
       skipped.push_back(std::string(config_name(c)) + ": " + why);
       continue;
     }
-    run_context ctx{c, &o, &data, &plan, &prototype, layers, initial, total_steps, 0, 1, &std::cout};
+    run_context ctx{c, &o, &data, &plan, &prototype, layers, initial, total_steps, 0, 1, &out};
+    if (mpi_mode && c == config_id::dgs)
+      out << "\n[dgs] under mpirun: the parameter server runs on process " << world_size - 1 << ", "
+          << world_size - 1 << " workers" << std::endl;
     ctx.eval_interval =
         std::max<std::size_t>(1, plan.steps_per_epoch / std::size_t(o.evals_per_epoch));
     const int n = c == config_id::msgd_single ? 1 : o.workers;
@@ -643,26 +784,46 @@ int real_main(int argc, char** argv) {
     // that is what the issue asks, and for the single worker a second OpenMP
     // thread measured ~9x slower on the loaded 2-core VM (spinning workers).
     ctx.torch_threads = o.torch_threads ? o.torch_threads : 1;
-    std::cout << "\n[" << config_name(c) << "] " << config_description(c) << " (" << n << " worker"
+    out << "\n[" << config_name(c) << "] " << config_description(c) << " (" << n << " worker"
               << (n > 1 ? "s" : "") << ", " << ctx.torch_threads << " libtorch thread" << (ctx.torch_threads > 1 ? "s" : "")
               << " each)" << std::endl;
+#if defined(GRADCOMP_HAS_MPI)
+    if (mpi_mode) {
+      // DGS under MPI: the last process is the server, N = W-1 workers.
+      run_options o_dgs = o;
+      o_dgs.workers = world_size - 1;
+      const data_plan plan_dgs(data.train.count, o_dgs);
+      run_context dgs_ctx = ctx;
+      dgs_ctx.options = &o_dgs;
+      dgs_ctx.plan = &plan_dgs;
+      dgs_ctx.total_steps =
+          std::max<std::size_t>(1, std::size_t(std::llround(o.epochs * double(plan_dgs.steps_per_epoch))));
+      dgs_ctx.eval_interval = std::max<std::size_t>(1, plan_dgs.steps_per_epoch / std::size_t(o.evals_per_epoch));
+      if (uses_parameter_server(c) && world_size < 2)
+        throw usage_error("dgs under mpirun needs at least 2 processes (a server and a worker)");
+      run_result r = run_mpi(ctx, dgs_ctx);
+      if (world_rank == 0) results.push_back(std::move(r));
+      continue;
+    }
+#endif
     results.push_back(run_inproc(ctx));
   }
+  if (world_rank != 0) return 0;
 
-  print_table(std::cout, results);
+  print_table(out, results);
   std::filesystem::create_directories(out_dir);
   const std::string curves = out_dir + "/curves.csv", summary = out_dir + "/summary.csv",
                     png = out_dir + "/accuracy.png";
   write_curves_csv(curves, results);
   write_summary_csv(summary, results);
-  std::cout << "\ncurves:  " << curves << "\nsummary: " << summary << "\n";
+  out << "\ncurves:  " << curves << "\nsummary: " << summary << "\n";
   if (auto why = plot_curves(curves, png, results); why.empty())
-    std::cout << "plot:    " << png << "\n";
+    out << "plot:    " << png << "\n";
   else
-    std::cout << "plot:    not written: " << why << "\n";
-  for (const auto& s : skipped) std::cout << "skipped: " << s << "\n";
-  std::cout << "\n";
-  print_result_lines(std::cout, results);
+    out << "plot:    not written: " << why << "\n";
+  for (const auto& s : skipped) out << "skipped: " << s << "\n";
+  out << "\n";
+  print_result_lines(out, results);
   return 0;
 }
 
@@ -670,19 +831,11 @@ int real_main(int argc, char** argv) {
 }  // namespace train
 
 int main(int argc, char** argv) {
+  // Exit codes: 0 success, 1 training error, 2 bad command line or parameter,
+  // 3 data set missing or malformed.
   try {
     return train::real_main(argc, argv);
-  } catch (const train::usage_error& e) {
-    std::cerr << "train: error: " << e.what() << "\n";
-    return 2;
-  } catch (const train::data_error& e) {
-    std::cerr << "train: data error: " << e.what() << "\n";
-    return 3;
-  } catch (const gradcomp::invalid_argument_error& e) {
-    std::cerr << "train: invalid parameter: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "train: error: " << e.what() << "\n";
-    return 1;
+  } catch (...) {
+    return train::exit_code_of(std::current_exception());
   }
 }

@@ -123,6 +123,30 @@ class counted_transport {
 
 static_assert(gradcomp::Transport<counted_transport>);
 
+/// A transport with its ranks rotated: logical rank r is physical rank
+/// (r + shift) mod size. Under MPI the parameter server (which must be
+/// logical rank 0) then runs on the last process and worker 0 on process 0,
+/// the one that prints.
+template <gradcomp::Transport T>
+class rotated_view {
+ public:
+  rotated_view(T& t, int shift) : t_(&t), n_(static_cast<int>(t.size())), shift_(((shift % n_) + n_) % n_) {}
+  int rank() const { return (static_cast<int>(t_->rank()) - shift_ + n_) % n_; }
+  int size() const { return n_; }
+  auto isend(int peer, int tag, std::vector<std::byte>&& b) { return t_->isend(map(peer), tag, std::move(b)); }
+  auto irecv(int peer, int tag) { return t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag); }
+
+ private:
+  int map(int peer) const {
+    if (peer < 0 || peer >= n_)
+      throw gradcomp::invalid_argument_error("rotated_view: peer " + std::to_string(peer) + " outside [0, " +
+                                             std::to_string(n_) + ")");
+    return (peer + shift_) % n_;
+  }
+  T* t_;
+  int n_, shift_;
+};
+
 /// Ranks [first, first + count) of a transport seen as ranks [0, count): the
 /// workers of a parameter-server run (server = rank 0, worker k = rank k+1)
 /// use it for their own collectives (evaluation, checksums, barriers).
