@@ -113,21 +113,27 @@ struct mlp {
   }
 
   /// Scratch of one gradient evaluation (so a step allocates nothing once warm).
+  /// Eigen's products round differently depending on how their operands are
+  /// aligned, so theta and the gradient go through Eigen-owned (always
+  /// aligned) buffers: the result then does not depend on heap addresses.
   struct workspace {
     row_matrix x, h, z, dz, dh;
+    Eigen::VectorXf theta, grad;
   };
 
   /// Mean cross-entropy over the batch and its gradient (into `grad`, the
   /// same layout as theta) at `theta`, for the samples `idx` of `d`.
-  static float gradient(std::span<const float> theta, const dataset& d, std::span<const std::uint32_t> idx,
-                        std::span<float> grad, workspace& ws) {
+  static float gradient(std::span<const float> theta_in, const dataset& d, std::span<const std::uint32_t> idx,
+                        std::span<float> grad_out, workspace& ws) {
     const int B = int(idx.size());
-    const float* p = theta.data();
+    ws.theta = Eigen::Map<const Eigen::VectorXf>(theta_in.data(), Eigen::Index(theta_in.size()));
+    ws.grad.resize(Eigen::Index(theta_in.size()));
+    const float* p = ws.theta.data();
     Eigen::Map<const row_matrix> W1(p, hidden, in);
     Eigen::Map<const Eigen::VectorXf> b1(p + hidden * in, hidden);
     Eigen::Map<const row_matrix> W2(p + hidden * in + hidden, out, hidden);
     Eigen::Map<const Eigen::VectorXf> b2(p + hidden * in + hidden + out * hidden, out);
-    float* g = grad.data();
+    float* g = ws.grad.data();
     Eigen::Map<row_matrix> gW1(g, hidden, in);
     Eigen::Map<Eigen::VectorXf> gb1(g + hidden * in, hidden);
     Eigen::Map<row_matrix> gW2(g + hidden * in + hidden, out, hidden);
@@ -157,11 +163,13 @@ struct mlp {
     ws.dh = ws.dh.cwiseProduct((ws.h.array() > 0.0f).cast<float>().matrix());
     gW1.noalias() = ws.dh.transpose() * ws.x;
     gb1 = ws.dh.colwise().sum().transpose();
+    std::copy(ws.grad.data(), ws.grad.data() + ws.grad.size(), grad_out.begin());
     return loss / float(B);
   }
 
   /// Top-1 accuracy (percent) on all of `d`.
-  static double accuracy(std::span<const float> theta, const dataset& d) {
+  static double accuracy(std::span<const float> theta_in, const dataset& d) {
+    const Eigen::VectorXf theta = Eigen::Map<const Eigen::VectorXf>(theta_in.data(), Eigen::Index(theta_in.size()));
     const float* p = theta.data();
     Eigen::Map<const row_matrix> W1(p, hidden, in);
     Eigen::Map<const Eigen::VectorXf> b1(p + hidden * in, hidden);
@@ -171,7 +179,7 @@ struct mlp {
     const std::size_t chunk = 1000;
     for (std::size_t from = 0; from < d.n; from += chunk) {
       const int B = int(std::min(chunk, d.n - from));
-      Eigen::Map<const row_matrix> X(d.images.data() + from * 784, B, in);
+      const row_matrix X = Eigen::Map<const row_matrix>(d.images.data() + from * 784, B, in);  // aligned copy
       row_matrix h = X * W1.transpose();
       h.rowwise() += b1.transpose();
       h = h.cwiseMax(0.0f);
