@@ -1,0 +1,386 @@
+// Aggregation of an 11M-float gradient across 4 in-process workers over
+// emulated links of 1 Gbit/s and 10 Gbit/s (seed 002, Sec. 4.2: GradiVeQ
+// slashes the ring all-reduce time 5.25x against the uncompressed ring):
+//
+//   uncompressed ring          ring_allreduce (raw floats)
+//   GradiVeQ ring              ring_allreduce_linear, Algorithm 1: K = 256, d = 32 (K/d = 8)
+//   4-bit QSGD ring            ring_allreduce_reencode: decode-add-re-encode at every hop
+//   top-1% all-gather          ring_allgather_decode with sparsifier_with_memory (R = 1%)
+//   4-bit QSGD all-gather      ring_allgather_decode with qsgd
+//
+// Every time is the best of a few runs (rank 0's wall time between two
+// barriers of long-lived workers, so it includes the slowest rank), with the
+// ratio to the uncompressed ring of the same link in the same run. The wire
+// floor of a method is its busiest rank's bytes on the wire / link rate.
+// Per-rank breakdowns (encode, decode, combine, wait) come from ring_stats,
+// and "no link" rows run the same rings over the bare in-process transport:
+// the CPU time the 4 workers need on this machine.
+//
+// Optional argument: elements (default 11 * 2^20).
+// Ends with: RESULT gradiveq_ring_speedup_1gbit, gradiveq_ring_speedup_10gbit,
+// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit.
+#include "common.hpp"
+
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/qsgd.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/sparsify.hpp>
+#include <gradcomp/detail/random.hpp>
+#include <gradcomp/transport/emulated_link.hpp>
+#include <gradcomp/transport/inproc.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <time.h>
+
+namespace gb = gradcomp::bench;
+using gradcomp::ring_stats;
+using gradcomp::transport::emulated_link;
+using gradcomp::transport::emulated_network;
+using gradcomp::transport::inproc_endpoint;
+using gradcomp::transport::inproc_fabric;
+
+namespace {
+
+#if defined(GRADCOMP_HAS_XSIMD)
+using policy = gradcomp::execution::simd;
+constexpr const char* policy_name = "simd";
+#else
+using policy = gradcomp::execution::seq;
+constexpr const char* policy_name = "seq";
+#endif
+
+constexpr int workers = 4;
+constexpr std::size_t K = 256;      // slice size
+constexpr std::size_t rank_r = 32;  // rank of the synthetic gradients = forced d
+
+using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Synthetic conv-like gradients: every slice of K adjacent values is
+// mean + U a + noise with one K x 32 basis U for the layer (the linear
+// correlation of seed 002, Sec. 1), coefficients a drawn per slice.
+struct gradient_source {
+  Eigen::MatrixXf basis;  // K x r
+  Eigen::RowVectorXf mean;
+  gradient_source() : basis(static_cast<Eigen::Index>(K), static_cast<Eigen::Index>(rank_r)), mean(static_cast<Eigen::Index>(K)) {
+    const auto s = gradcomp::detail::counter_rng(2024).stream(0);
+    for (Eigen::Index i = 0; i < basis.size(); ++i) basis.data()[i] = 2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f;
+    for (Eigen::Index i = 0; i < mean.size(); ++i) mean(i) = 0.1f * (s.uniform_float(std::uint64_t(1 << 20) + std::uint64_t(i)) - 0.5f);
+  }
+  // `slices` slices of stream `seed` into out (slices x K, row-major).
+  void fill(float* out, std::size_t slices, std::uint64_t seed) const {
+    const auto s = gradcomp::detail::counter_rng(seed).stream(1);
+    row_major a(static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(rank_r));
+    for (Eigen::Index i = 0; i < a.size(); ++i) {
+      const Eigen::Index col = i % a.cols();
+      a.data()[i] = (2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f) / (1.0f + 0.1f * float(col));
+    }
+    Eigen::Map<row_major> x(out, static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(K));
+    x.noalias() = a * basis.transpose();
+    x.rowwise() += mean;
+    const auto noise = gradcomp::detail::counter_rng(seed).stream(2);
+    for (std::size_t i = 0; i < slices * K; ++i) out[i] += 1e-3f * (noise.uniform_float(i) - 0.5f);
+  }
+};
+
+// CPU time of the calling thread (what a worker computed, whatever the
+// scheduler did with the other jobs on the machine).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+double load_average() {
+  double l = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
+    std::fclose(f);
+  }
+  return l;
+}
+
+double max_rel_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double e = 0, w = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    e += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += want[i] * want[i];
+  }
+  return w > 0 ? std::sqrt(e / w) : 0.0;
+}
+
+struct measurement {
+  double seconds = 0;                   // best wall time of one all-reduce
+  std::vector<ring_stats> stats;        // per rank, of the best run
+  std::vector<std::uint64_t> wire;      // bytes each rank put on the link per call
+  std::vector<double> cpu;              // thread CPU seconds of each rank in the best run
+  bool identical = true;                // every rank ended with the same bits
+  double error = 0;                     // relative L2 error of rank 0's result against the exact sum
+};
+
+// The methods: make_state(rank) builds a worker's codecs once; run() is one all-reduce.
+struct uncompressed_op {
+  int make_state(int) const { return 0; }
+  template <class T>
+  ring_stats run(T& t, int&, std::span<float> data) const {
+    ring_stats st;  // the plain ring reports nothing; bytes come from the link's counters
+    const auto t0 = gb::clock::now();
+    gradcomp::ring_allreduce(policy{}, t, data);
+    st.seconds = std::chrono::duration<double>(gb::clock::now() - t0).count();
+    return st;
+  }
+};
+struct gradiveq_op {
+  const gradcomp::linear_compressor<policy>* codec;
+  gradcomp::linear_compressor<policy> make_state(int) const { return *codec; }
+  template <class T>
+  ring_stats run(T& t, gradcomp::linear_compressor<policy>& c, std::span<float> data) const {
+    return gradcomp::ring_allreduce_linear(policy{}, t, c, data);
+  }
+};
+struct qsgd_reencode_op {
+  std::vector<gradcomp::qsgd<policy>> make_state(int rank) const {
+    return gradcomp::make_ring_codecs(workers, 0, [&](int j, std::size_t) {
+      return gradcomp::qsgd<policy>({.bits = 4, .bucket_size = 512, .seed = std::uint64_t(rank * 64 + j + 1)});
+    });
+  }
+  template <class T>
+  ring_stats run(T& t, std::vector<gradcomp::qsgd<policy>>& codecs, std::span<float> data) const {
+    return gradcomp::ring_allreduce_reencode(policy{}, t, codecs, data);
+  }
+};
+struct qsgd_allgather_op {
+  gradcomp::qsgd<policy> make_state(int rank) const {
+    return gradcomp::qsgd<policy>({.bits = 4, .bucket_size = 512, .seed = std::uint64_t(rank * 64 + 99)});
+  }
+  template <class T>
+  ring_stats run(T& t, gradcomp::qsgd<policy>& c, std::span<float> data) const {
+    return gradcomp::ring_allgather_decode(policy{}, t, c, data);
+  }
+};
+struct topk_allgather_op {
+  std::size_t length;
+  gradcomp::sparsifier_with_memory<policy> make_state(int) const {
+    return gradcomp::sparsifier_with_memory<policy>(length, {.ratio_percent = 1.0});
+  }
+  template <class T>
+  ring_stats run(T& t, gradcomp::sparsifier_with_memory<policy>& c, std::span<float> data) const {
+    return gradcomp::ring_allgather_decode(policy{}, t, c, data);
+  }
+};
+
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::size_t length = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::size_t(11) << 20;
+  const std::size_t slices = length / K;
+  const int repeats = 3;  // timed runs per method and link, after one warm-up run
+  const auto bench_start = gb::clock::now();
+  const double load_start = load_average();
+
+  std::printf("GradiVeQ ring all-reduce (seed 002, Algorithm 1) against the uncompressed ring and the QSGD/top-k baselines\n");
+  std::printf("  workers %d (threads) on %u hardware threads, %zu floats (%.1f MB) per worker, kernels %s, Eigen %d thread(s)\n",
+              workers, std::thread::hardware_concurrency(), length, double(length) * 4 / 1e6, policy_name,
+              Eigen::nbThreads());
+
+  // --- inputs ---------------------------------------------------------------
+  const gradient_source source;
+  std::vector<std::vector<float>> grads(workers, std::vector<float>(length));
+  {
+    std::vector<std::thread> fill;
+    for (int r = 0; r < workers; ++r)
+      fill.emplace_back([&, r] {
+        auto& g = grads[std::size_t(r)];
+        source.fill(g.data(), slices, 100 + std::uint64_t(r));
+        for (std::size_t i = slices * K; i < length; ++i) g[i] = 0.01f * float(i % 7);
+      });
+    for (auto& t : fill) t.join();
+  }
+  std::vector<double> exact(length, 0.0);
+  for (const auto& g : grads)
+    for (std::size_t i = 0; i < length; ++i) exact[i] += g[i];
+
+  // --- GradiVeQ basis: L_t = 48 aggregated samples of the first slice ---------
+  // (s = infinity: only slice 0 of each sample is read, so one layer buffer
+  // with its first slice replaced by each sample's sum is enough.)
+  gradcomp::gradiveq_options gopt;
+  gopt.slice_size = K;
+  gopt.summands = workers;
+  gopt.lambda = 1e-4;           // eq. 6 would keep more than 32 directions of the noisy samples...
+  gopt.max_dimension = rank_r;  // ...so d is forced to 32: K/d = 8 as in the paper's experiments
+  gradcomp::linear_compressor<policy> codec(length, gopt);
+  const auto fit_start = gb::clock::now();
+  {
+    std::vector<float> sample(length, 0.0f);
+    std::vector<float> one(K);
+    for (int t = 0; t < 48; ++t) {
+      std::fill(sample.begin(), sample.begin() + K, 0.0f);
+      for (int r = 0; r < workers; ++r) {
+        source.fill(one.data(), 1, 5000 + std::uint64_t(t * workers + r));
+        for (std::size_t i = 0; i < K; ++i) sample[i] += one[i];
+      }
+      codec.add_sample(sample);
+    }
+    codec.fit();
+  }
+  const double fit_seconds = std::chrono::duration<double>(gb::clock::now() - fit_start).count();
+  std::printf("  GradiVeQ: K = %zu, d = %zu (K/d = %.1f), %zu slices, tail %zu, layer ratio %.2f, fit %.1f ms\n", K,
+              codec.dimension(), double(K) / double(codec.dimension()), codec.slices(), codec.tail_length(),
+              codec.compression_ratio(), fit_seconds * 1e3);
+
+  // --- the timed runs --------------------------------------------------------
+  inproc_fabric fabric(workers);
+  std::vector<std::vector<float>> work(workers, std::vector<float>(length));
+  // Runs `op(rank, link_or_endpoint, data)` `repeats` + 1 times on every worker.
+  auto measure = [&](emulated_network* net, auto&& op) {
+    measurement m;
+    m.stats.resize(workers);
+    m.wire.assign(workers, 0);
+    m.cpu.assign(workers, 0.0);
+    std::vector<double> cpu(workers, 0.0);
+    std::barrier sync(workers);
+    double best = 1e300;
+    std::vector<ring_stats> current(workers);
+    if (net) net->reset_counters();
+    fabric.run([&](inproc_endpoint& ep) {
+      const auto r = std::size_t(ep.rank());
+      std::optional<emulated_link<inproc_endpoint>> link;
+      if (net) link.emplace(ep, *net);
+      auto state = op.make_state(ep.rank());  // codecs live across the runs, as in training
+      for (int i = 0; i < repeats + 1; ++i) {
+        std::memcpy(work[r].data(), grads[r].data(), length * sizeof(float));
+        sync.arrive_and_wait();
+        const auto t0 = gb::clock::now();
+        const double c0 = thread_cpu_seconds();
+        if (link) current[r] = op.run(*link, state, std::span<float>(work[r]));
+        else current[r] = op.run(ep, state, std::span<float>(work[r]));
+        cpu[r] = thread_cpu_seconds() - c0;
+        sync.arrive_and_wait();
+        const double s = std::chrono::duration<double>(gb::clock::now() - t0).count();
+        if (r == 0 && i > 0 && s < best) {
+          best = s;
+          m.stats = current;
+          m.cpu = cpu;
+        }
+        sync.arrive_and_wait();  // rank 0 has copied the stats
+      }
+    });
+    m.seconds = best;
+    if (net)
+      for (int r = 0; r < workers; ++r) m.wire[std::size_t(r)] = net->bytes_sent(r) / std::uint64_t(repeats + 1);
+    for (int r = 1; r < workers; ++r)
+      m.identical = m.identical && std::memcmp(work[std::size_t(r)].data(), work[0].data(), length * sizeof(float)) == 0;
+    m.error = max_rel_error(work[0], exact);
+    return m;
+  };
+
+  // time, ratio, wire bytes of the busiest rank and its floor, CPU seconds
+  // (max per rank, and the sum over ranks / hardware threads: the time the
+  // CPU alone needs if nothing else ran), then the per-rank wall-time parts.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto print_row = [&](const char* name, const measurement& m, const measurement* base, double rate) {
+    std::uint64_t busiest = 0;
+    for (auto w : m.wire) busiest = std::max(busiest, w);
+    const double floor = rate > 0 ? double(busiest) * 8.0 / rate : 0.0;
+    double enc = 0, dec = 0, comb = 0, wait = 0, cpu_max = 0, cpu_sum = 0;
+    for (const auto& s : m.stats) {
+      enc = std::max(enc, s.encode_seconds);
+      dec = std::max(dec, s.decode_seconds);
+      comb = std::max(comb, s.combine_seconds);
+      wait = std::max(wait, s.wait_seconds);
+    }
+    for (double c : m.cpu) {
+      cpu_max = std::max(cpu_max, c);
+      cpu_sum += c;
+    }
+    std::printf("  %-22s %7.1f ms", name, m.seconds * 1e3);
+    if (base) std::printf(" %6.2fx", base->seconds / m.seconds);
+    else std::printf(" %7s", "");
+    if (rate > 0) std::printf(" %6.2f MB %6.1f ms %5.2fx", double(busiest) / 1e6, floor * 1e3, m.seconds / floor);
+    std::printf(" | cpu %5.1f / %5.1f ms | enc %5.1f dec %5.1f comb %5.1f wait %5.1f ms | err %.2g%s\n", cpu_max * 1e3,
+                cpu_sum / cores * 1e3, enc * 1e3, dec * 1e3, comb * 1e3, wait * 1e3, m.error,
+                m.identical ? "" : "  NOT IDENTICAL");
+  };
+  // The least time a method can take here: its wire floor or, when the
+  // workers' CPU time summed over the ranks exceeds it, that CPU time spread
+  // over the hardware threads (4 workers share them).
+  auto lower_bound = [&](const measurement& m, double rate) {
+    std::uint64_t busiest = 0;
+    for (auto w : m.wire) busiest = std::max(busiest, w);
+    double cpu_sum = 0;
+    for (double c : m.cpu) cpu_sum += c;
+    return std::max(rate > 0 ? double(busiest) * 8.0 / rate : 0.0, cpu_sum / cores);
+  };
+  auto header = [&](bool link) {
+    std::printf("  %-22s %10s %7s", "method", "time", link ? "speedup" : "vs ring");
+    if (link) std::printf(" %9s %9s %6s", "wire/rank", "floor", "t/flr");
+    std::printf(" | cpu max/rank, sum/%u | wall-time parts, max over ranks     | rel. error\n", cores);
+  };
+
+  const gradiveq_op gq{&codec};
+  const qsgd_reencode_op q4;
+  const qsgd_allgather_op q4ag;
+  const topk_allgather_op topk{length};
+
+  // No link: the CPU time of each ring on this machine (4 workers on the cores we have).
+  std::printf("\n  bare in-process transport (no link: CPU and memory time only), best of %d:\n", repeats);
+  header(false);
+  const auto u0 = measure(nullptr, uncompressed_op{});
+  print_row("uncompressed ring", u0, nullptr, 0);
+  const auto g0 = measure(nullptr, gq);
+  print_row("GradiVeQ ring (Alg. 1)", g0, &u0, 0);
+  const auto q0 = measure(nullptr, q4);
+  print_row("QSGD-4 re-encode ring", q0, &u0, 0);
+
+  double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0;
+  const double rates[2] = {1e9, 10e9};
+  for (int li = 0; li < 2; ++li) {
+    const double rate = rates[li];
+    emulated_network net(workers, {.bits_per_second = rate, .latency = std::chrono::microseconds(25)});
+    std::printf("\n  emulated links of %.0f Gbit/s, 25 us latency, best of %d:\n", rate / 1e9, repeats);
+    header(true);
+    const auto u = measure(&net, uncompressed_op{});
+    print_row("uncompressed ring", u, nullptr, rate);
+    const auto g = measure(&net, gq);
+    print_row("GradiVeQ ring (Alg. 1)", g, &u, rate);
+    const auto q = measure(&net, q4);
+    print_row("QSGD-4 re-encode ring", q, &u, rate);
+    const auto qa = measure(&net, q4ag);
+    print_row("QSGD-4 all-gather", qa, &u, rate);
+    const auto tk = measure(&net, topk);
+    print_row("top-1% all-gather", tk, &u, rate);
+    speedup[li] = u.seconds / g.seconds;
+    std::printf("  GradiVeQ: %.1f ms measured; at least %.1f ms here (max of wire floor and CPU/%u); "
+                "uncompressed ring / that bound = %.2fx\n",
+                g.seconds * 1e3, lower_bound(g, rate) * 1e3, cores, u.seconds / lower_bound(g, rate));
+    if (li == 0) {
+      std::uint64_t busiest = 0;
+      for (auto w : g.wire) busiest = std::max(busiest, w);
+      vs_floor_1g = g.seconds / (double(busiest) * 8.0 / rate);
+      qsgd_speedup_1g = u.seconds / q.seconds;
+    }
+  }
+
+  std::printf("\n  total bench time %.1f s, load average %.1f at the start, %.1f at the end\n\n",
+              std::chrono::duration<double>(gb::clock::now() - bench_start).count(), load_start, load_average());
+  gb::result("gradiveq_ring_speedup_1gbit", speedup[0], "x");
+  gb::result("gradiveq_ring_speedup_10gbit", speedup[1], "x");
+  gb::result("gradiveq_ring_vs_wire_floor_1gbit", vs_floor_1g, "x");
+  gb::result("qsgd4_ring_speedup_1gbit", qsgd_speedup_1g, "x");
+  return 0;
+}
