@@ -6,8 +6,10 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/dense.hpp>
+#include <gradcomp/dgs_server.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/parameter_server.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -24,6 +26,7 @@ void for_each_payload_type(F&& f) {
   f.template operator()<sparse_coo_payload>();
   f.template operator()<two_bit_payload>();
   f.template operator()<qsgd_payload>();
+  f.template operator()<ps_control>();
 }
 
 }  // namespace gradcomp
