@@ -114,6 +114,17 @@ double load_average() {
   return l;
 }
 
+// Share of the last 10 s in which runnable tasks waited for a CPU
+// (/proc/pressure/cpu "some avg10", percent; -1 if unavailable).
+double cpu_pressure() {
+  double p = -1;
+  if (FILE* f = std::fopen("/proc/pressure/cpu", "r")) {
+    if (std::fscanf(f, "some avg10=%lf", &p) != 1) p = -1;
+    std::fclose(f);
+  }
+  return p;
+}
+
 double max_rel_error(const std::vector<float>& got, const std::vector<double>& want) {
   double e = 0, w = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -192,6 +203,7 @@ int main(int argc, char** argv) {
   const int repeats = 3;  // timed runs per method and link, after one warm-up run
   const auto bench_start = gb::clock::now();
   const double load_start = load_average();
+  const double pressure_start = cpu_pressure();
 
   std::printf("GradiVeQ ring all-reduce (seed 002, Algorithm 1) against the uncompressed ring and the QSGD/top-k baselines\n");
   std::printf("  workers %d (threads) on %u hardware threads, %zu floats (%.1f MB) per worker, kernels %s, Eigen %d thread(s)\n",
@@ -376,8 +388,10 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n  total bench time %.1f s, load average %.1f at the start, %.1f at the end\n\n",
-              std::chrono::duration<double>(gb::clock::now() - bench_start).count(), load_start, load_average());
+  std::printf("\n  total bench time %.1f s; load average %.1f at the start, %.1f at the end; CPU pressure (PSI some avg10) "
+              "%.0f%% at the start, %.0f%% at the end\n\n",
+              std::chrono::duration<double>(gb::clock::now() - bench_start).count(), load_start, load_average(),
+              pressure_start, cpu_pressure());
   gb::result("gradiveq_ring_speedup_1gbit", speedup[0], "x");
   gb::result("gradiveq_ring_speedup_10gbit", speedup[1], "x");
   gb::result("gradiveq_ring_vs_wire_floor_1gbit", vs_floor_1g, "x");

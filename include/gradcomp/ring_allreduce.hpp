@@ -404,8 +404,9 @@ struct ring_segmentation {
       return b;
     }
   }
-  /// Encodes the segment starting at element `offset`.
-  static void encode(C& codec, std::size_t offset, std::span<const float> segment, typename C::payload_type& out) {
+  /// Encodes the segment starting at element `offset` (`codec` is a C or a const C).
+  template <class Self>
+  static void encode(Self& codec, std::size_t offset, std::span<const float> segment, typename C::payload_type& out) {
     if constexpr (SegmentedCodec<C>) {
       codec.encode_segment(offset, segment, out);
     } else {
@@ -581,8 +582,8 @@ class ring_channel {
 /// Algorithm 1 of seed 002 (see ring_allreduce_linear).
 template <class Policy, class T, class C, class OnEncode>
 ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_options& options, OnEncode& on_encode) {
-  using payload = typename C::payload_type;
-  using seg = ring_segmentation<C>;
+  using payload = typename std::remove_const_t<C>::payload_type;
+  using seg = ring_segmentation<std::remove_const_t<C>>;
   constexpr const char* who = "ring_allreduce_linear";
   const auto started = ring_clock::now();
   ring_stats st;
@@ -869,15 +870,18 @@ ring_stats ring_allgather_impl(T& t, C& codec, std::span<float> data, const ring
 /// length or offset size_mismatch_error, a codec mismatch the codec's error
 /// (GradiVeQ: fingerprint_mismatch_error), transport failures transport_error /
 /// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
-/// N = 1: data = decode(encode(data)).
-template <ExecutionPolicy Policy, Transport T, LinearCodec C, class OnEncode = ring_no_observer>
+/// N = 1: data = decode(encode(data)). `codec` may be const when its encode
+/// (or encode_segment) is const, as GradiVeQ's is.
+template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
+  requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},
                                  OnEncode&& on_encode = {}) {
   return detail::ring_linear_impl<Policy>(t, codec, data, options, on_encode);
 }
 
 /// ring_allreduce_linear with the generic (execution::seq) kernels.
-template <Transport T, LinearCodec C, class OnEncode = ring_no_observer>
+template <Transport T, class C, class OnEncode = ring_no_observer>
+  requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(T& t, C& codec, std::span<float> data, const ring_options& options = {},
                                  OnEncode&& on_encode = {}) {
   return detail::ring_linear_impl<execution::seq>(t, codec, data, options, on_encode);

@@ -269,13 +269,17 @@ TEST_CASE("linear ring: the own-encode observer sees every segment once (eq. 7 l
     codec.encode(x[std::size_t(r)], p);
     whole[std::size_t(r)] = codec.local_loss(x[std::size_t(r)], p).loss;
   }
+  std::vector<std::size_t> encoded(n);
   on_ring(n, [&](int r, inproc_endpoint& ep) {
-    auto mine = codec;
-    gradcomp::ring_allreduce_linear(ep, mine, x[std::size_t(r)], {},
-                                    [&](int j, std::span<const float> local, const gradiveq_payload& own) {
-                                      seen[std::size_t(r)].push_back(j);
-                                      loss[std::size_t(r)] += mine.local_loss(local, own).loss;
-                                    });
+    const auto& shared = codec;  // a const codec works: GradiVeQ's encode_segment is const
+    const auto st = gradcomp::ring_allreduce_linear(
+        ep, shared, x[std::size_t(r)], {.tag_base = 500},
+        [&](int j, std::span<const float> local, const gradiveq_payload& own) {
+          seen[std::size_t(r)].push_back(j);
+          loss[std::size_t(r)] += shared.local_loss(local, own).loss;
+          encoded[std::size_t(r)] += shared.encoded_bytes(own);
+        });
+    CHECK(st.own_encoded_bytes == encoded[std::size_t(r)]);
   });
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
