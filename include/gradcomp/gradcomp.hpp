@@ -9,6 +9,8 @@
 #include <gradcomp/dgs_server.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/layout.hpp>
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
@@ -26,6 +28,7 @@ void for_each_payload_type(F&& f) {
   f.template operator()<sparse_coo_payload>();
   f.template operator()<two_bit_payload>();
   f.template operator()<qsgd_payload>();
+  f.template operator()<gradiveq_payload>();
   f.template operator()<ps_control>();
 }
 
