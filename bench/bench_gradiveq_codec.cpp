@@ -3,7 +3,8 @@
 // time (K x K covariance eigensolve vs the L_t x L_t Gram route), and the
 // beyond-the-paper options against the paper's recipe on synthetic gradients.
 //
-// Eigen uses 2 threads when the bench is built with OpenMP, 1 otherwise.
+// Eigen uses 2 threads when the bench is built with OpenMP (OMP_NUM_THREADS
+// overrides), 1 otherwise.
 #include "common.hpp"
 
 #include <gradcomp/gradiveq.hpp>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -302,7 +304,8 @@ void measure_cycles() {
 int main() {
   int threads = 1;
 #if defined(_OPENMP)
-  threads = 2;
+  // 2 threads (the machine's cores) unless OMP_NUM_THREADS says otherwise.
+  threads = std::getenv("OMP_NUM_THREADS") ? Eigen::nbThreads() : 2;
   Eigen::setNbThreads(threads);
 #endif
   std::printf("bench_gradiveq_codec: Eigen %d.%d.%d, %d thread(s), SIMD: %s\n", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
