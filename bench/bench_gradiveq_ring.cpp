@@ -255,6 +255,45 @@ int main(int argc, char** argv) {
               codec.dimension(), double(K) / double(codec.dimension()), codec.slices(), codec.tail_length(),
               codec.compression_ratio(), fit_seconds * 1e3);
 
+  // --- one step's compute against one step's wire time ------------------------
+  // Thread CPU time (best of 5) of what a rank does per step of Algorithm 1
+  // on one segment (N = 4: 1/4 of the vector): reduce-scatter = compress the
+  // own segment, parse the received sum, accumulate, serialise the new sum;
+  // all-gather = parse, decompress.
+  {
+    const auto b = codec.segment_bounds(workers);
+    const std::span<const float> seg(grads[0].data(), b[1]);
+    gradcomp::gradiveq_payload p, q;
+    std::vector<float> out(b[1]);
+    std::vector<std::byte> bytes;
+    auto best_cpu = [](auto&& fn) {
+      double best = 1e300;
+      for (int i = 0; i < 5; ++i) {
+        const double c0 = thread_cpu_seconds();
+        fn();
+        best = std::min(best, thread_cpu_seconds() - c0);
+      }
+      return best;
+    };
+    const double enc = best_cpu([&] { codec.encode_segment(0, seg, p); });
+    const double ser = best_cpu([&] { gradcomp::wire::serialize_into(p, bytes); });
+    const double par = best_cpu([&] { q = gradcomp::wire::parse<gradcomp::gradiveq_payload>(bytes); });
+    const double acc = best_cpu([&] { codec.accumulate(q, p); });
+    const double dec = best_cpu([&] { codec.decode(p, out); });
+    const double flops = 2.0 * double(b[1]) * double(codec.dimension());
+    std::printf("  one step, one segment of %zu floats (payload %zu bytes), thread CPU time:\n", b[1], bytes.size());
+    std::printf("    compress %.2f ms (%.1f GFLOP/s), decompress %.2f ms (%.1f GFLOP/s), serialise %.2f ms, parse %.2f ms, "
+                "accumulate %.2f ms\n",
+                enc * 1e3, flops / enc / 1e9, dec * 1e3, flops / dec / 1e9, ser * 1e3, par * 1e3, acc * 1e3);
+    std::printf("    reduce-scatter step %.2f ms, all-gather step %.2f ms of compute per rank; x %d ranks / %u hardware "
+                "threads = %.2f / %.2f ms of wall per step\n",
+                (enc + par + acc + ser) * 1e3, (par + dec) * 1e3, workers, std::thread::hardware_concurrency(),
+                (enc + par + acc + ser) * 1e3 * workers / std::max(1u, std::thread::hardware_concurrency()),
+                (par + dec) * 1e3 * workers / std::max(1u, std::thread::hardware_concurrency()));
+    std::printf("    against the wire time of one payload: %.2f ms at 1 Gbit/s, %.2f ms at 10 Gbit/s\n",
+                double(bytes.size()) * 8.0 / 1e9 * 1e3, double(bytes.size()) * 8.0 / 10e9 * 1e3);
+  }
+
   // --- the timed runs --------------------------------------------------------
   inproc_fabric fabric(workers);
   std::vector<std::vector<float>> work(workers, std::vector<float>(length));
@@ -386,6 +425,22 @@ int main(int argc, char** argv) {
       vs_floor_1g = g.seconds / (double(busiest) * 8.0 / rate);
       qsgd_speedup_1g = u.seconds / q.seconds;
     }
+  }
+
+  // For information: a link slow enough (250 Mbit/s: 46 ms per GradiVeQ
+  // segment) that the compute of a step fits under its transfer even on this
+  // shared machine, i.e. the regime seed 002 describes.
+  {
+    const double rate = 0.25e9;
+    emulated_network net(workers, {.bits_per_second = rate, .latency = std::chrono::microseconds(25)});
+    std::printf("\n  for information, emulated links of %.2f Gbit/s, 25 us latency, best of %d:\n", rate / 1e9, repeats);
+    header(true);
+    const auto u = measure(&net, uncompressed_op{});
+    print_row("uncompressed ring", u, nullptr, rate);
+    const auto g = measure(&net, gq);
+    print_row("GradiVeQ ring (Alg. 1)", g, &u, rate);
+    const auto q = measure(&net, q4);
+    print_row("QSGD-4 re-encode ring", q, &u, rate);
   }
 
   std::printf("\n  total bench time %.1f s; load average %.1f at the start, %.1f at the end; CPU pressure (PSI some avg10) "
