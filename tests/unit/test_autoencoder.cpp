@@ -589,3 +589,94 @@ TEST_CASE("lgc parameter server: the common code plus innovations reconstructs e
   CHECK(after < 0.3);
   CHECK(after < 0.3 * before);
 }
+
+TEST_CASE("lgc: random corruptions of valid payloads are parsed or rejected, never read out of bounds") {
+  lgc_code_payload c;
+  c.value_count = 100;
+  c.window = 32;
+  c.code_per_window = 8;
+  c.scales = {1.0f, 2.0f, 0.5f, 4.0f};
+  for (int i = 0; i < 32; ++i) c.codes.push_back(float(i) - 16.0f);
+  lgc_index_payload ix;
+  ix.layer_lengths = {500, 3000, 7};
+  ix.indices = {{3, 77, 499}, {}, {0, 6}};
+  for (std::uint32_t i = 1; i < 3000; i += 31) ix.indices[1].push_back(i);
+  ix.scales = {1.5f, 2.5f};
+  ix.pack();
+  const auto cbody = body_of(wire::serialize(c)), ibody = body_of(wire::serialize(ix));
+  const gradcomp::detail::counter_rng rng(99);
+  std::size_t accepted = 0, rejected = 0;
+  for (std::uint64_t trial = 0; trial < 4000; ++trial) {
+    const auto s = rng.stream(trial);
+    const bool code = trial % 2 == 0;
+    auto b = code ? cbody : ibody;
+    const std::uint64_t n = code ? 100 : 3507;
+    const int edits = 1 + int(s.below(0, 4));
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t at = std::size_t(s.below(std::uint64_t(1 + e * 2), b.size()));
+      switch (s.below(std::uint64_t(2 + e * 2), 3)) {
+        case 0: b[at] = std::byte(s.below(std::uint64_t(3 + e * 2), 256)); break;
+        case 1: b.resize(at); break;
+        default: b.insert(b.begin() + std::ptrdiff_t(at), std::byte(s.below(std::uint64_t(30 + e), 256))); break;
+      }
+      if (b.empty()) break;
+    }
+    const auto msg = reseal(n, b);
+    try {
+      if (code) {
+        const auto p = wire::parse<lgc_code_payload>(msg);
+        CHECK(p.codes.size() == p.windows() * p.code_per_window);
+      } else {
+        const auto p = wire::parse<lgc_index_payload>(msg);
+        CHECK(p.indices.size() == p.layer_lengths.size());
+        CHECK_NOTHROW(p.validate());
+      }
+      ++accepted;
+    } catch (const wire::wire_error&) {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 0);
+  MESSAGE("accepted " << accepted << ", rejected " << rejected);
+}
+
+TEST_CASE("lgc: the three-phase schedule (Section V-B)") {
+  const lgc_schedule def;
+  CHECK(def.full_iterations == 200);
+  CHECK(def.training_iterations == 300);
+  CHECK(def.phase(0) == lgc_phase::full);
+  CHECK(def.phase(199) == lgc_phase::full);
+  CHECK(def.phase(200) == lgc_phase::topk_training);
+  CHECK(def.phase(499) == lgc_phase::topk_training);
+  CHECK(def.phase(500) == lgc_phase::compressed);
+  CHECK(def.first_compressed() == 500);
+  const lgc_schedule none{0, 0};
+  CHECK(none.phase(0) == lgc_phase::compressed);
+  const lgc_schedule no_training{3, 0};
+  CHECK(no_training.phase(2) == lgc_phase::full);
+  CHECK(no_training.phase(3) == lgc_phase::compressed);
+  // Layouts: first layer dense, last top-k only, alpha% per layer (ceil, at least 1).
+  lgc_options o;
+  o.window = 16;
+  o.architecture = small_arch();
+  const lgc_layout layout({100, 20000, 30000, 5}, o);
+  CHECK(layout.roles[0] == lgc_layer_role::dense);
+  CHECK(layout.roles[1] == lgc_layer_role::autoencoder);
+  CHECK(layout.roles[3] == lgc_layer_role::topk);
+  CHECK(layout.k[1] == 20);
+  CHECK(layout.k[2] == 30);
+  CHECK(layout.k[3] == 1);
+  CHECK(layout.mu == 50);
+  CHECK(layout.value_offset[2] == 20);
+  CHECK(layout.space_offset[2] == 20000);
+  CHECK(layout.windows(16) == 4);
+  o.window = 64;  // mu = 50 < 64
+  CHECK_THROWS_WITH_AS(lgc_layout({100, 20000, 30000, 5}, o), doctest::Contains("shorter than one window"),
+                       invalid_argument_error);
+  o.window = 16;
+  o.first_layer_dense = false;
+  o.last_layer_topk_only = false;
+  const lgc_layout all({100, 20000, 30000, 5}, o);
+  CHECK(all.mu == 1 + 20 + 30 + 1);
+  CHECK(all.dense_values == 0);
+}
