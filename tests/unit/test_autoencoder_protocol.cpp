@@ -106,13 +106,13 @@ struct ring_record {
   std::uint64_t training_steps = 0;
 };
 
-template <class GradFn>
+template <class Policy = execution::seq, class GradFn>
 std::vector<ring_record> run_ring(int ranks, const lgc_options& o, std::uint64_t steps, GradFn grad) {
   std::vector<ring_record> rec(static_cast<std::size_t>(ranks));
   transport::run_workers(ranks, [&](transport::inproc_endpoint& ep) {
     const int r = ep.rank();
     auto& out = rec[std::size_t(r)];
-    lgc_ring_node<> node(r, ranks, model, o);
+    lgc_ring_node<Policy> node(r, ranks, model, o);
     for (std::uint64_t s = 0; s < steps; ++s) {
       auto g = grad(r, s, model);
       out.inputs.push_back(g);
@@ -240,12 +240,17 @@ TEST_CASE("lgc ring: exact byte accounting per iteration and for the run") {
   CHECK(rec[1].traffic[5].compression_ratio() > 30.0);
 }
 
-TEST_CASE("lgc ring: a run is deterministic for a seed") {
+TEST_CASE("lgc ring: a run is deterministic for a seed, and the simd policy gives the same bits") {
   const lgc_options o = small_options(1, 3, 0.9f);
   auto g = [](int r, std::uint64_t s, const auto& sizes) { return gradient(r, s, sizes); };
   const auto a = run_ring(2, o, 6, g), b = run_ring(2, o, 6, g);
-  for (std::size_t s = 0; s < 6; ++s) CHECK(flatten(a[0].outputs[s]) == flatten(b[0].outputs[s]));
+  const auto c = run_ring<execution::simd>(2, o, 6, g);
+  for (std::size_t s = 0; s < 6; ++s) {
+    CHECK(flatten(a[0].outputs[s]) == flatten(b[0].outputs[s]));
+    CHECK(flatten(a[0].outputs[s]) == flatten(c[0].outputs[s]));
+  }
   CHECK(a[0].weights == b[0].weights);
+  CHECK(a[0].weights == c[0].weights);
 }
 
 TEST_CASE("lgc ring: after online training the decoded average approaches the true average of the top-k vectors") {
