@@ -385,7 +385,7 @@ TEST_CASE("mpi ring: ranks that disagree on the length get a typed error, not a 
     for (int form = 0; form < 3; ++form) {
       CAPTURE(longer);
       CAPTURE(form);
-      mpi_transport t(MPI_COMM_WORLD, with_timeout(2000ms));
+      mpi_transport t(MPI_COMM_WORLD, with_timeout(1000ms));
       const std::size_t len = r == 1 ? (longer ? 27 : 17) : 22;
       vec x(len, 1.0f);
       const auto t0 = std::chrono::steady_clock::now();
@@ -428,7 +428,7 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
     for (int form = 0; form < 3; ++form) {
       CAPTURE(sends);
       CAPTURE(form);
-      mpi_transport t(MPI_COMM_WORLD, with_timeout(1000ms));
+      mpi_transport t(MPI_COMM_WORLD, with_timeout(600ms));
       // The all-gather form forwards whole payloads: a rank that dies after
       // sending some of them may leave a survivor with everything it needs,
       // so there it dies before its first send.
