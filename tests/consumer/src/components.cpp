@@ -1,7 +1,8 @@
 // Built by the consumer tests for every optional component they link
 // (GRADCOMP_CONSUMER_WANT_<NAME> is set per linked gradcomp::<name>): checks
 // that the component target brings its macro, include paths, flags and libraries.
-#include <gradcomp/gradcomp.hpp>
+// (dense.hpp rather than the umbrella: quickstart.cpp already compiles that.)
+#include <gradcomp/dense.hpp>
 
 #include <cstdio>
 #include <vector>
