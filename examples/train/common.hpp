@@ -25,6 +25,16 @@ std::string_view config_name(config_id c) noexcept;
 std::string_view config_description(config_id c) noexcept;
 std::optional<config_id> parse_config(std::string_view name) noexcept;
 
+/// How an error-feedback codec (residual / accumulation) meets momentum:
+///  - optimizer: momentum SGD on the aggregate (momentum on top of the residual);
+///  - dgc / local: momentum correction before the codec (DGC, Lin et al.):
+///    each worker compresses its velocity u <- m u + g, plain SGD on the aggregate;
+///  - plain: no momentum at all, plain SGD at lr / (1 - m), the step size
+///    momentum SGD reaches in the steady state (the residual already
+///    averages gradients over time).
+enum class momentum_mode { optimizer, correction, plain };
+std::optional<momentum_mode> parse_momentum_mode(std::string_view s) noexcept;
+
 /// Every option of a run (command line: main.cpp).
 struct run_options {
   // Data and model.
@@ -57,10 +67,10 @@ struct run_options {
   // Two-bit quantizer (seed 003): threshold, or automatic mode when <= 0.
   double two_bit_threshold = 0;
   double two_bit_scale = 1.0;     ///< automatic mode: thr = scale * mean |r + g|
-  bool two_bit_local_momentum = true;  ///< momentum correction before the quantizer (optimiser momentum off)
+  std::string two_bit_momentum = "plain";  ///< optimizer | local | plain (see momentum_mode)
   // Sparsifier with memory: percent of each layer kept.
   double topk_percent = 1.0;
-  bool topk_dgc = true;           ///< DGC momentum correction in the sparsifier (optimiser momentum off)
+  std::string topk_momentum = "dgc";       ///< optimizer | dgc | plain
   // DGS (seed 001): sparsity in percent, SAMomentum momentum, secondary compression.
   double dgs_sparsity = 99.0;
   double dgs_momentum = 0.7;
@@ -68,7 +78,8 @@ struct run_options {
   // LGC (seed 004): top-k percent and phase lengths.
   double lgc_topk_percent = 0.1;
   std::size_t lgc_phase1 = 60;   ///< dense warm-up steps
-  std::size_t lgc_phase2 = 60;   ///< top-k steps while the autoencoder trains online
+  std::size_t lgc_phase2 = 60;   ///< top-k steps while the autoencoder trains
+  std::string lgc_momentum = "dgc";  ///< dgc | plain online
 };
 
 /// One gradient tensor of the model, as the exchange sees it.

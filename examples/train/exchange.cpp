@@ -58,6 +58,13 @@ std::string_view config_description(config_id c) noexcept {
   return "?";
 }
 
+std::optional<momentum_mode> parse_momentum_mode(std::string_view s) noexcept {
+  if (s == "optimizer") return momentum_mode::optimizer;
+  if (s == "dgc" || s == "local" || s == "correction") return momentum_mode::correction;
+  if (s == "plain") return momentum_mode::plain;
+  return std::nullopt;
+}
+
 std::optional<config_id> parse_config(std::string_view name) noexcept {
   for (auto c : all_configs)
     if (config_name(c) == name) return c;
@@ -241,10 +248,12 @@ class gather_exchanger final : public exchanger {
   /// aggregate is applied with plain SGD. Uncompressed, the mean of the local
   /// velocities is exactly the global velocity of momentum SGD; compressed,
   /// it keeps the residual from being re-amplified by a second momentum.
+  /// `plain_lr_multiplier` > 0: no momentum anywhere, the optimiser's lr times it.
   gather_exchanger(counted_transport& t, std::span<const layer_desc> layers, Make make, std::string what,
-                   float codec_momentum = 0.0f, float local_momentum = 0.0f)
+                   float codec_momentum = 0.0f, float local_momentum = 0.0f, double plain_lr_multiplier = 0.0)
       : t_(t), what_(std::move(what)), local_momentum_(local_momentum),
-        rest_momentum_(local_momentum > 0.0f ? local_momentum : codec_momentum) {
+        rest_momentum_(local_momentum > 0.0f ? local_momentum : codec_momentum),
+        plain_lr_multiplier_(plain_lr_multiplier) {
     auto [chosen, rest] = split_layers(layers, is_weight);
     chosen_ = std::move(chosen);
     rest_ = dense_bucket(std::move(rest), layers);
@@ -270,7 +279,8 @@ class gather_exchanger final : public exchanger {
   }
   std::string target_label() const override { return "weights"; }
   std::string phase() const override { return what_; }
-  bool momentum_in_codec() const noexcept override { return rest_momentum_ > 0.0f; }
+  bool momentum_in_codec() const noexcept override { return rest_momentum_ > 0.0f || plain_lr_multiplier_ > 0.0; }
+  double lr_multiplier() const noexcept override { return plain_lr_multiplier_ > 0.0 ? plain_lr_multiplier_ : 1.0; }
 
  private:
   /// With local momentum the optimiser has none, so the uncompressed layers
@@ -289,6 +299,7 @@ class gather_exchanger final : public exchanger {
   std::string what_;
   float local_momentum_;
   float rest_momentum_;
+  double plain_lr_multiplier_;
   std::vector<std::vector<float>> velocity_, rest_velocity_;
   std::vector<std::size_t> chosen_;
   dense_bucket rest_;
@@ -577,7 +588,7 @@ gradcomp::sparsifier_options topk_config(const run_options& o) {
   s.mode = gradcomp::threshold_mode::exact;
   s.seed = o.seed;
   s.scale = 1.0f;  // residual in gradient units; the optimiser applies lr (and momentum) to the aggregate
-  if (o.topk_dgc) {
+  if (parse_momentum_mode(o.topk_momentum) == momentum_mode::correction) {
     s.dgc_momentum = true;
     s.momentum = float(o.momentum);
   }
@@ -693,7 +704,7 @@ class dgs_exchanger final : public exchanger {
 gradcomp::lgc_options lgc_config(const run_options& o, std::size_t autoencoder_values) {
   gradcomp::lgc_options l;
   l.alpha_percent = o.lgc_topk_percent;
-  l.momentum = float(o.momentum);
+  l.momentum = parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain ? 0.0f : float(o.momentum);
   l.schedule.full_iterations = o.lgc_phase1;
   l.schedule.training_iterations = o.lgc_phase2;
   l.seed = o.seed;
@@ -753,11 +764,17 @@ class lgc_exchanger final : public exchanger {
  public:
   lgc_exchanger(counted_transport& t, std::span<const layer_desc> layers, const run_options& o, std::size_t)
       : t_(t),
+        sgd_momentum_(o.momentum),
         groups_(lgc_grouping(layers)),
         node_(t.rank(), t.size(), groups_.sizes, lgc_config(o, lgc_autoencoder_values(layers, o))) {
     dense_.resize(groups_.sizes[0]);
   }
-  bool momentum_in_codec() const noexcept override { return node_.options().momentum > 0.0f; }
+  /// The node's aggregate is momentum corrected (DGC), or, with momentum 0,
+  /// applied with plain SGD at lr / (1 - m).
+  bool momentum_in_codec() const noexcept override { return true; }
+  double lr_multiplier() const noexcept override {
+    return node_.options().momentum > 0.0f ? 1.0 : 1.0 / (1.0 - sgd_momentum_);
+  }
   std::string target_label() const override { return "conv+fc"; }
 
   void exchange(std::size_t, double, std::span<const std::span<float>> layers) override {
@@ -818,6 +835,7 @@ class lgc_exchanger final : public exchanger {
 
  private:
   counted_transport& t_;
+  double sgd_momentum_;
   lgc_groups groups_;
   gradcomp::lgc_ring_node<policy> node_;
   std::vector<float> dense_;
@@ -856,6 +874,11 @@ std::string run_dgs_server(counted_transport& t, const run_options& o, std::span
 }
 
 void validate_codec_options(config_id c, const run_options& o, std::span<const layer_desc> layers) {
+  if (!parse_momentum_mode(o.two_bit_momentum) || !parse_momentum_mode(o.topk_momentum) ||
+      !parse_momentum_mode(o.lgc_momentum))
+    throw gradcomp::invalid_argument_error("momentum modes are optimizer, dgc (or local) and plain");
+  if (parse_momentum_mode(o.lgc_momentum) == momentum_mode::optimizer)
+    throw gradcomp::invalid_argument_error("lgc: --lgc-momentum is dgc or plain (the node returns a corrected update)");
   if (auto why = config_unavailable(c); !why.empty())
     throw gradcomp::invalid_argument_error(std::string(config_name(c)) + ": " + why);
   const std::string who(config_name(c));
@@ -913,15 +936,18 @@ std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, cou
     case config_id::gradiveq_plus: return std::make_unique<gradiveq_exchanger>(data, layers, o, true);
     case config_id::two_bit: {
       const auto opt = two_bit_config(o);
+      const auto mode = *parse_momentum_mode(o.two_bit_momentum);
       return std::make_unique<gather_exchanger<gradcomp::two_bit_quantizer<policy>>>(
           data, layers, [&](std::size_t, std::size_t n) { return gradcomp::two_bit_quantizer<policy>(n, opt); }, "",
-          false, o.two_bit_local_momentum ? float(o.momentum) : 0.0f);
+          0.0f, mode == momentum_mode::correction ? float(o.momentum) : 0.0f,
+          mode == momentum_mode::plain ? 1.0 / (1.0 - o.momentum) : 0.0);
     }
     case config_id::topk: {
       const auto opt = topk_config(o);
       return std::make_unique<gather_exchanger<gradcomp::sparsifier_with_memory<policy>>>(
           data, layers, [&](std::size_t, std::size_t n) { return gradcomp::sparsifier_with_memory<policy>(n, opt); }, "",
-          o.topk_dgc ? float(o.momentum) : 0.0f);
+          opt.dgc_momentum ? float(o.momentum) : 0.0f, 0.0f,
+          parse_momentum_mode(o.topk_momentum) == momentum_mode::plain ? 1.0 / (1.0 - o.momentum) : 0.0);
     }
     case config_id::dgs: return std::make_unique<dgs_exchanger>(data, layers, o, initial);
     case config_id::qsgd4: {

@@ -37,6 +37,8 @@ class exchanger {
   /// True when the codec applies momentum itself (DGC momentum correction):
   /// the optimiser then takes plain SGD steps on the aggregate.
   virtual bool momentum_in_codec() const noexcept { return false; }
+  /// Factor on the learning rate of the optimiser (plain SGD at lr / (1 - m)).
+  virtual double lr_multiplier() const noexcept { return 1.0; }
   /// False for asynchronous exchanges: no barrier before them, and the
   /// replicas differ until finish().
   virtual bool synchronous() const noexcept { return true; }

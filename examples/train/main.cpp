@@ -342,7 +342,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
           std::memcpy(g.data_ptr<float>(), grads[i].data(), grads[i].size() * sizeof(float));
         }
         for (auto& group : optimizer.param_groups())
-          static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+          static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr * ex->lr_multiplier());
         optimizer.step();
       } else {  // update_kind::model: the new parameters
         for (std::size_t i = 0; i < params.size(); ++i)
@@ -477,8 +477,15 @@ run_result run_mpi(const run_context& ctx, const run_context& dgs_ctx) {
     return r;
   }();
   if (ctx.config == config_id::msgd_single) {
+    // The others wait without spinning (MPI_Barrier busy-polls and would
+    // take the cores from process 0): a transport barrier, whose waits poll
+    // with a sleeping back-off while a timeout is set.
+    gradcomp::mpi_transport_options patient;
+    patient.timeout = std::chrono::hours(24);
+    gradcomp::mpi_transport idle(MPI_COMM_WORLD, patient);
     if (world_rank == 0) report.result = run_inproc(ctx);
-    MPI_Barrier(MPI_COMM_WORLD);
+    counted_transport ctl(idle);
+    barrier(ctl, tag_barrier);
     return report.result;
   }
   gradcomp::mpi_transport_options mo;
@@ -638,11 +645,11 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
                  "Two-bit: fixed threshold, or <= 0 for the automatic mode")
       ->capture_default_str();
   app.add_option("--topk-percent", o.topk_percent, "Sparsifier: percent of each layer sent")->capture_default_str();
-  app.add_option("--topk-dgc", o.topk_dgc,
-                 "Sparsifier: DGC momentum correction and masking in the codec (optimiser without momentum)")
+  app.add_option("--topk-momentum", o.topk_momentum,
+                 "Sparsifier and momentum: dgc (correction + masking in the codec), plain (SGD at lr/(1-m)), optimizer")
       ->capture_default_str();
-  app.add_option("--two-bit-local-momentum", o.two_bit_local_momentum,
-                 "Two-bit: momentum correction before the quantizer (optimiser without momentum)")
+  app.add_option("--two-bit-momentum", o.two_bit_momentum,
+                 "Two-bit and momentum: plain (SGD at lr/(1-m)), local (velocity quantized), optimizer")
       ->capture_default_str();
   app.add_option("--two-bit-scale", o.two_bit_scale, "Two-bit automatic mode: threshold = scale * mean |r + g|")
       ->capture_default_str();
@@ -653,6 +660,8 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--lgc-topk-percent", o.lgc_topk_percent, "LGC: percent of each layer kept by top-k")
       ->capture_default_str();
   app.add_option("--lgc-phase1", o.lgc_phase1, "LGC: dense warm-up steps")->capture_default_str();
+  app.add_option("--lgc-momentum", o.lgc_momentum, "LGC and momentum: dgc (in the node) or plain (SGD at lr/(1-m))")
+      ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
       ->capture_default_str();
 
@@ -779,7 +788,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
           << world_size - 1 << " workers" << std::endl;
     ctx.eval_interval =
         std::max<std::size_t>(1, plan.steps_per_epoch / std::size_t(o.evals_per_epoch));
-    const int n = c == config_id::msgd_single ? 1 : o.workers;
+    const int n = c == config_id::msgd_single ? 1 : (mpi_mode && uses_parameter_server(c)) ? world_size - 1 : o.workers;
     // One intra-op thread per worker by default: with N workers on the cores
     // that is what the issue asks, and for the single worker a second OpenMP
     // thread measured ~9x slower on the loaded 2-core VM (spinning workers).

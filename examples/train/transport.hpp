@@ -123,6 +123,35 @@ class counted_transport {
 
 static_assert(gradcomp::Transport<counted_transport>);
 
+/// A receive handle of an underlying transport whose messages' `source` is
+/// translated back to the view's rank numbering (a parameter server reads
+/// the sender from message::source).
+/// view rank = physical - shift, modulo `modulus` when it is not 0.
+struct rank_back_map {
+  int shift = 0;
+  int modulus = 0;
+  int operator()(int physical) const noexcept {
+    const int r = physical - shift;
+    return modulus ? ((r % modulus) + modulus) % modulus : r;
+  }
+};
+
+template <class H>
+class mapped_recv_handle {
+ public:
+  mapped_recv_handle(H h, rank_back_map map) : h_(std::move(h)), map_(map) {}
+  gradcomp::message wait() {
+    gradcomp::message m = h_.wait();
+    m.source = map_(m.source);
+    return m;
+  }
+  bool test() { return h_.test(); }
+
+ private:
+  H h_;
+  rank_back_map map_;
+};
+
 /// A transport with its ranks rotated: logical rank r is physical rank
 /// (r + shift) mod size. Under MPI the parameter server (which must be
 /// logical rank 0) then runs on the last process and worker 0 on process 0,
@@ -134,7 +163,10 @@ class rotated_view {
   int rank() const { return (static_cast<int>(t_->rank()) - shift_ + n_) % n_; }
   int size() const { return n_; }
   auto isend(int peer, int tag, std::vector<std::byte>&& b) { return t_->isend(map(peer), tag, std::move(b)); }
-  auto irecv(int peer, int tag) { return t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag); }
+  auto irecv(int peer, int tag) {
+    return mapped_recv_handle<decltype(t_->irecv(0, 0))>(t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag),
+                                                         rank_back_map{shift_, n_});
+  }
 
  private:
   int map(int peer) const {
@@ -161,7 +193,11 @@ class rank_offset_view {
   int rank() const { return static_cast<int>(t_->rank()) - first_; }
   int size() const { return count_; }
   auto isend(int peer, int tag, std::vector<std::byte>&& b) { return t_->isend(map(peer), tag, std::move(b)); }
-  auto irecv(int peer, int tag) { return t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag); }
+  /// any_source may match a rank outside the view: use explicit peers.
+  auto irecv(int peer, int tag) {
+    return mapped_recv_handle<decltype(t_->irecv(0, 0))>(t_->irecv(peer == gradcomp::any_source ? peer : map(peer), tag),
+                                                         rank_back_map{first_, 0});
+  }
 
  private:
   int map(int peer) const {
