@@ -1,0 +1,240 @@
+#pragma once
+/// \file system/thrust/gradiveq.hpp
+/// Thrust (execution::thrust<P>) kernels of the GradiVeQ linear compressor
+/// (seed 002): eq. 3 Y = X U_d - 1 offset^T and eq. 5 out (+)= Y U_d^T +
+/// 1 (scale mu)^T over the S slices of a segment, storage as in
+/// system/generic/gradiveq.hpp.
+///
+/// Host systems (cpp, omp, tbb): `thrust::for_each` over blocks of slices;
+/// each output element is a dot product in one fixed order (8 float lanes,
+/// each accumulated in index order with a fused multiply-add when the target
+/// has one, then summed pairwise). So the coefficients do not depend on the
+/// thread count or the Thrust system (thrust_cpp == thrust_omp bit for bit),
+/// which seq's Eigen GEMM does not promise (its blocking depends on Eigen's
+/// thread count). They differ from seq's by float rounding only (a different
+/// summation order): tests/unit/test_thrust_backend.cpp bounds the difference.
+///
+/// CUDA (thrust_cuda, nvcc): the products are cublasSgemm calls
+/// (system/cuda/cublas.hpp) on device copies of the operands, the offset and
+/// mean terms Thrust transforms. Link CUDA::cublas. Compiled here, never run.
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include <gradcomp/detail/policy_tags.hpp>
+#include <gradcomp/system/generic/gradiveq.hpp>
+#include <gradcomp/system/thrust/common.hpp>
+#include <gradcomp/system/thrust/elementwise.hpp>
+
+#if defined(__CUDACC__)
+#include <gradcomp/system/cuda/cublas.hpp>
+
+#include <thrust/fill.h>
+#endif
+
+namespace gradcomp::execution {
+
+namespace thrust_detail {
+
+/// acc + a*b in one fixed way: fused where the target has an FMA, else a
+/// product then a sum (where nothing can fuse them).
+inline float gradiveq_madd(float a, float b, float acc) noexcept {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return std::fma(a, b, acc);
+#else
+  const float p = a * b;
+  return acc + p;
+#endif
+}
+
+inline constexpr std::size_t gradiveq_lanes = 8;
+
+/// Eq. 3 for slices [item * rows, ...): y[s][j] = <x_s, u_j> - offset[j].
+struct gradiveq_compress_rows {
+  const float* x;
+  const float* u;
+  const float* offset;
+  float* y;
+  std::size_t slices, k, d, rows;
+
+  static float lanes_sum(const float* a) noexcept {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  }
+
+  void operator()(std::size_t item) const {
+    constexpr std::size_t L = gradiveq_lanes;
+    const std::size_t end = min_size(slices, (item + 1) * rows);
+    for (std::size_t s = item * rows; s < end; ++s) {
+      const float* xr = x + s * k;
+      float* yr = y + s * d;
+      std::size_t j = 0;
+      for (; j + 4 <= d; j += 4) {  // four columns per sweep of the slice: same per-column order
+        const float* u0 = u + j * k;
+        const float* u1 = u0 + k;
+        const float* u2 = u1 + k;
+        const float* u3 = u2 + k;
+        float a0[L] = {}, a1[L] = {}, a2[L] = {}, a3[L] = {};
+        std::size_t i = 0;
+        for (; i + L <= k; i += L)
+          for (std::size_t l = 0; l < L; ++l) {
+            const float xv = xr[i + l];
+            a0[l] = gradiveq_madd(xv, u0[i + l], a0[l]);
+            a1[l] = gradiveq_madd(xv, u1[i + l], a1[l]);
+            a2[l] = gradiveq_madd(xv, u2[i + l], a2[l]);
+            a3[l] = gradiveq_madd(xv, u3[i + l], a3[l]);
+          }
+        for (std::size_t l = 0; i + l < k; ++l) {
+          const float xv = xr[i + l];
+          a0[l] = gradiveq_madd(xv, u0[i + l], a0[l]);
+          a1[l] = gradiveq_madd(xv, u1[i + l], a1[l]);
+          a2[l] = gradiveq_madd(xv, u2[i + l], a2[l]);
+          a3[l] = gradiveq_madd(xv, u3[i + l], a3[l]);
+        }
+        yr[j] = lanes_sum(a0) - offset[j];
+        yr[j + 1] = lanes_sum(a1) - offset[j + 1];
+        yr[j + 2] = lanes_sum(a2) - offset[j + 2];
+        yr[j + 3] = lanes_sum(a3) - offset[j + 3];
+      }
+      for (; j < d; ++j) {
+        const float* uj = u + j * k;
+        float a[L] = {};
+        std::size_t i = 0;
+        for (; i + L <= k; i += L)
+          for (std::size_t l = 0; l < L; ++l) a[l] = gradiveq_madd(xr[i + l], uj[i + l], a[l]);
+        for (std::size_t l = 0; i + l < k; ++l) a[l] = gradiveq_madd(xr[i + l], uj[i + l], a[l]);
+        yr[j] = lanes_sum(a) - offset[j];
+      }
+    }
+  }
+};
+
+/// Eq. 5 for slices [item * rows, ...): out[s][c] (=, or += with add)
+/// sum_j y[s][j] u_j[c] (j in order) + scale mu[c].
+struct gradiveq_expand_rows {
+  const float* y;
+  const float* u;
+  const float* mu;
+  float* out;
+  std::size_t slices, d, k, rows;
+  float scale;
+  bool add;
+
+  void operator()(std::size_t item) const {
+    constexpr std::size_t C = 256;
+    float t[C];
+    const std::size_t end = min_size(slices, (item + 1) * rows);
+    for (std::size_t s = item * rows; s < end; ++s) {
+      const float* yr = y + s * d;
+      float* orow = out + s * k;
+      for (std::size_t c0 = 0; c0 < k; c0 += C) {
+        const std::size_t m = min_size(C, k - c0);
+        for (std::size_t c = 0; c < m; ++c) t[c] = 0.0f;
+        for (std::size_t j = 0; j < d; ++j) {
+          const float yj = yr[j];
+          const float* uc = u + j * k + c0;
+          for (std::size_t c = 0; c < m; ++c) t[c] = gradiveq_madd(yj, uc[c], t[c]);
+        }
+        float* o = orow + c0;
+        const float* mc = mu + c0;
+        if (d == 0) {
+          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], add ? o[c] : 0.0f);
+        } else if (add) {
+          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], o[c] + t[c]);
+        } else {
+          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], t[c]);
+        }
+      }
+    }
+  }
+};
+
+/// Slices per work item: about item_elements<P> * 4 floats of input.
+template <class P>
+std::size_t gradiveq_rows_per_item(std::size_t k) noexcept {
+  const std::size_t r = (4 * item_elements<P>) / (k ? k : 1);
+  return r ? r : 1;
+}
+
+#if defined(__CUDACC__)
+struct subtract_column_offset {
+  float* y;
+  const float* offset;
+  std::size_t d;
+  GRADCOMP_HD void operator()(std::size_t i) const { y[i] = y[i] - offset[i % d]; }
+};
+struct add_scaled_mean {
+  float* out;
+  const float* mu;
+  std::size_t k;
+  float scale;
+  GRADCOMP_HD void operator()(std::size_t i) const {
+#if defined(__CUDA_ARCH__)
+    out[i] = __fadd_rn(out[i], __fmul_rn(scale, mu[i % k]));
+#else
+    out[i] = out[i] + scale * mu[i % k];
+#endif
+  }
+};
+#endif
+
+}  // namespace thrust_detail
+
+/// Eq. 3 for S slices at once with P's system: Y = X U - 1 offset^T
+/// (offset = U^T mu / N, precomputed by the caller).
+template <class P>
+void gradiveq_compress_slices(thrust<P>, const float* x, std::size_t slices, std::size_t k, const float* basis,
+                              std::size_t d, const float* offset, float* y) {
+  using namespace thrust_detail;
+  if (slices == 0 || d == 0) return;
+  if constexpr (on_device<P>) {
+#if defined(__CUDACC__)
+    operand<P, const float> xs(std::span<const float>(x, slices * k));
+    operand<P, const float> us(std::span<const float>(basis, k * d));
+    operand<P, const float> os(std::span<const float>(offset, d));
+    operand<P, float, false> ys(std::span<float>(y, slices * d));
+    cuda_detail::gemm_slices_basis(xs.data(), slices, k, us.data(), d, ys.data());
+    for_each_index<P>(slices * d, subtract_column_offset{ys.data(), os.data(), d});
+    ys.commit();
+#endif
+  } else {
+    const std::size_t rows = gradiveq_rows_per_item<P>(k);
+    for_each_index<P>(items(slices, rows), gradiveq_compress_rows{x, basis, offset, y, slices, k, d, rows});
+  }
+}
+
+/// Eq. 5 for S slices at once with P's system: out (=, or += when `add`)
+/// Y U^T + 1 (scale mu)^T; scale is count/N (see the generic kernel).
+template <class P>
+void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::size_t d, const float* basis,
+                            std::size_t k, const float* mu, float scale, bool add, float* out) {
+  using namespace thrust_detail;
+  if (slices == 0) return;
+  if constexpr (on_device<P>) {
+#if defined(__CUDACC__)
+    operand<P, const float> ys(std::span<const float>(y, slices * d));
+    operand<P, const float> us(std::span<const float>(basis, k * d));
+    operand<P, const float> ms(std::span<const float>(mu, k));
+    std::span<float> out_host(out, slices * k);
+    if (add) {
+      operand<P, float> os(out_host);
+      if (d > 0) cuda_detail::gemm_coefficients_basis(ys.data(), slices, d, us.data(), k, true, os.data());
+      for_each_index<P>(slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
+      os.commit();
+    } else {
+      operand<P, float, false> os(out_host);
+      if (d > 0)
+        cuda_detail::gemm_coefficients_basis(ys.data(), slices, d, us.data(), k, false, os.data());
+      else
+        ::thrust::fill(P{}, os.data(), os.data() + slices * k, 0.0f);
+      for_each_index<P>(slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
+      os.commit();
+    }
+#endif
+  } else {
+    const std::size_t rows = gradiveq_rows_per_item<P>(k);
+    for_each_index<P>(items(slices, rows), gradiveq_expand_rows{y, basis, mu, out, slices, d, k, rows, scale, add});
+  }
+}
+
+}  // namespace gradcomp::execution
