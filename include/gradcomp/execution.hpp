@@ -31,3 +31,6 @@ concept ExecutionPolicy = std::derived_from<P, execution::seq> && std::is_empty_
 #if defined(GRADCOMP_HAS_XSIMD)
 #include <gradcomp/system/simd/elementwise.hpp>
 #endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/elementwise.hpp>
+#endif

@@ -45,6 +45,9 @@
 #include <gradcomp/layout.hpp>
 #include <gradcomp/system/generic/gradiveq.hpp>
 #include <gradcomp/wire.hpp>
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/gradiveq.hpp>
+#endif
 
 namespace gradcomp {
 

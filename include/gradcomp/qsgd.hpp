@@ -36,6 +36,9 @@
 #if defined(GRADCOMP_HAS_XSIMD)
 #include <gradcomp/system/simd/qsgd.hpp>
 #endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/qsgd.hpp>
+#endif
 
 namespace gradcomp {
 

@@ -39,6 +39,10 @@
 #include <gradcomp/system/simd/sparsify.hpp>
 #include <gradcomp/system/simd/topk.hpp>
 #endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/sparsify.hpp>
+#include <gradcomp/system/thrust/topk.hpp>
+#endif
 
 namespace gradcomp {
 

@@ -33,6 +33,9 @@
 #if defined(GRADCOMP_HAS_XSIMD)
 #include <gradcomp/system/simd/two_bit.hpp>
 #endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/two_bit.hpp>
+#endif
 
 namespace gradcomp {
 
