@@ -1,12 +1,12 @@
 #pragma once
 // Helpers shared by the CUDA check program (tests/cuda).
-#include <gradcomp/detail/random.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <vector>
+
+#include <gradcomp/detail/random.hpp>
 
 namespace cuda_check {
 

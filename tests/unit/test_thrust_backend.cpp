@@ -155,7 +155,8 @@ TEST_CASE("thrust kernels: the counter-based draws equal detail::counter_stream"
     for (std::uint64_t i : {0ull, 1ull, 15ull, 4096ull, 0xFFFFFFFFull, 0x100000000ull, 0x123456789ABull}) {
       CHECK(draws.bits32(i) == stream.bits32(i));
       CHECK(draws.uniform_float(i) == stream.uniform_float(i));
-      for (std::uint64_t bound : {1ull, 7ull, 1000003ull, 0xFFFFFFFFFull}) CHECK(draws.below(i, bound) == stream.below(i, bound));
+      for (std::uint64_t bound : {1ull, 7ull, 1000003ull, 0xFFFFFFFFFull})
+        CHECK(draws.below(i, bound) == stream.below(i, bound));
     }
   }
 }
@@ -210,18 +211,20 @@ TEST_CASE("thrust QSGD equals seq for every width and bucket size") {
         CAPTURE(bucket);
         CAPTURE(n);
         const auto g = gradients(n, 3, 100 + n);
-        check_policies_agree(
-            [&]<class P>() { return qsgd<P>(qsgd_options{bits, 0, bucket, 42}); }, g);
+        check_policies_agree([&]<class P>() { return qsgd<P>(qsgd_options{bits, 0, bucket, 42}); }, g);
       }
 }
 
 TEST_CASE("thrust QSGD: tiny and huge buckets take seq's other norm routes") {
   auto g = normal_floats(3000, 9);
-  for (std::size_t i = 0; i < 512; ++i) g[i] *= 1e-33f;         // max |x| < 2^-100: norm 0
-  for (std::size_t i = 512; i < 1024; ++i) g[i] *= 1e-20f;      // below 2^-40: double route
-  for (std::size_t i = 1024; i < 1536; ++i) g[i] *= 1e15f;      // above 2^40: double route
-  check_policies_agree([]<class P>() { return qsgd<P>(qsgd_options{4, 0, 512, 1}); },
-                       std::vector<std::vector<float>>{g, g});
+  for (std::size_t i = 0; i < 512; ++i) g[i] *= 1e-33f;     // max |x| < 2^-100: norm 0
+  for (std::size_t i = 512; i < 1024; ++i) g[i] *= 1e-20f;  // below 2^-40: double route
+  for (std::size_t i = 1024; i < 1536; ++i) g[i] *= 1e15f;  // above 2^40: double route
+  check_policies_agree(
+      []<class P>() {
+        return qsgd<P>(qsgd_options{4, 0, 512, 1});
+      },
+      std::vector<std::vector<float>>{g, g});
 }
 
 TEST_CASE("thrust sparsifier_with_memory equals seq: exact, sampled, DGC, ties") {
@@ -233,11 +236,11 @@ TEST_CASE("thrust sparsifier_with_memory equals seq: exact, sampled, DGC, ties")
     bool ties;
   };
   const config configs[] = {
-      {1, 50.0, threshold_mode::exact, false, false},        {1000, 1.0, threshold_mode::exact, false, false},
-      {9000, 10.0, threshold_mode::exact, false, true},      {100003, 1.0, threshold_mode::exact, false, false},
-      {100003, 1.0, threshold_mode::sampled, false, false},  {100003, 0.1, threshold_mode::exact, true, false},
-      {100003, 0.5, threshold_mode::sampled, true, false},   {60000, 5.0, threshold_mode::exact, false, true},
-      {60000, 5.0, threshold_mode::sampled, false, true},    {20000, 100.0, threshold_mode::exact, false, false},
+      {1, 50.0, threshold_mode::exact, false, false},       {1000, 1.0, threshold_mode::exact, false, false},
+      {9000, 10.0, threshold_mode::exact, false, true},     {100003, 1.0, threshold_mode::exact, false, false},
+      {100003, 1.0, threshold_mode::sampled, false, false}, {100003, 0.1, threshold_mode::exact, true, false},
+      {100003, 0.5, threshold_mode::sampled, true, false},  {60000, 5.0, threshold_mode::exact, false, true},
+      {60000, 5.0, threshold_mode::sampled, false, true},   {20000, 100.0, threshold_mode::exact, false, false},
       {300000, 0.01, threshold_mode::exact, false, true},
   };
   for (const auto& c : configs) {

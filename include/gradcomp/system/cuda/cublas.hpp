@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/errors.hpp>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-
-#include <gradcomp/errors.hpp>
 
 namespace gradcomp::execution::cuda_detail {
 

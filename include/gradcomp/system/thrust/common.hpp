@@ -177,18 +177,26 @@ class operand {
   T* ptr_ = nullptr;
 };
 
+/// On host systems, loops touching at most this many elements run on the
+/// calling thread: a parallel region would cost a fork and a join (and, on a
+/// busy machine, a wait for a descheduled thread) for microseconds of work.
+inline constexpr std::size_t serial_work_limit = std::size_t{1} << 17;
+
+/// True when a loop over `work` elements runs on the calling thread.
+template <class P>
+constexpr bool run_serially(std::size_t items, std::size_t work) noexcept {
+  return !on_device<P> && (items <= 1 || work <= serial_work_limit);
+}
+
 /// Runs f(i) for i in [0, count) with P's system (each i exactly once, in
-/// any order and concurrently). A single work item on a host system runs on
-/// the calling thread: a parallel region for one item only costs a fork and
-/// a join (small layers, biases).
+/// any order and concurrently); `work` is the number of elements the loop
+/// touches (small loops on host systems run on the calling thread).
 template <class P, class F>
-void for_each_index(std::size_t count, F f) {
+void for_each_index(std::size_t count, std::size_t work, F f) {
   if (count == 0) return;
-  if constexpr (!on_device<P>) {
-    if (count == 1) {
-      f(std::size_t{0});
-      return;
-    }
+  if (run_serially<P>(count, work)) {
+    for (std::size_t i = 0; i < count; ++i) f(i);
+    return;
   }
   ::thrust::for_each_n(P{}, ::thrust::counting_iterator<std::size_t>(0), count, f);
 }

@@ -57,8 +57,10 @@ std::size_t first_non_finite(const float* x, std::size_t n) {
   if (n == 0) return 0;
   constexpr std::size_t per = item_elements<P>;
   const std::size_t count = items(n, per);
-  if constexpr (!on_device<P>) {
-    if (count == 1) return first_non_finite_of_item{x, n, per}(0);
+  if (run_serially<P>(count, n)) {
+    std::size_t first = n;
+    for (std::size_t i = 0; i < count && first == n; ++i) first = first_non_finite_of_item{x, n, per}(i);
+    return first;
   }
   return ::thrust::transform_reduce(P{}, ::thrust::counting_iterator<std::size_t>(0),
                                     ::thrust::counting_iterator<std::size_t>(count),
@@ -73,7 +75,7 @@ void add_into(thrust<P>, std::span<float> acc, std::span<const float> x) {
   thrust_detail::operand<P, float> a(acc);
   thrust_detail::operand<P, const float> b(x);
   constexpr std::size_t per = thrust_detail::item_elements<P>;
-  thrust_detail::for_each_index<P>(thrust_detail::items(acc.size(), per),
+  thrust_detail::for_each_index<P>(thrust_detail::items(acc.size(), per), acc.size(),
                                    thrust_detail::add_items{a.data(), b.data(), acc.size(), per});
   a.commit();
 }

@@ -28,9 +28,9 @@
 #include <gradcomp/system/thrust/elementwise.hpp>
 
 #if defined(__CUDACC__)
-#include <gradcomp/system/cuda/cublas.hpp>
-
 #include <thrust/fill.h>
+
+#include <gradcomp/system/cuda/cublas.hpp>
 #endif
 
 namespace gradcomp::execution {
@@ -194,12 +194,13 @@ void gradiveq_compress_slices(thrust<P>, const float* x, std::size_t slices, std
     operand<P, const float> os(std::span<const float>(offset, d));
     operand<P, float, false> ys(std::span<float>(y, slices * d));
     cuda_detail::gemm_slices_basis(xs.data(), slices, k, us.data(), d, ys.data());
-    for_each_index<P>(slices * d, subtract_column_offset{ys.data(), os.data(), d});
+    for_each_index<P>(slices * d, slices * d, subtract_column_offset{ys.data(), os.data(), d});
     ys.commit();
 #endif
   } else {
     const std::size_t rows = gradiveq_rows_per_item<P>(k);
-    for_each_index<P>(items(slices, rows), gradiveq_compress_rows{x, basis, offset, y, slices, k, d, rows});
+    for_each_index<P>(items(slices, rows), slices * k * d,
+                      gradiveq_compress_rows{x, basis, offset, y, slices, k, d, rows});
   }
 }
 
@@ -219,7 +220,7 @@ void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::
     if (add) {
       operand<P, float> os(out_host);
       if (d > 0) cuda_detail::gemm_coefficients_basis(ys.data(), slices, d, us.data(), k, true, os.data());
-      for_each_index<P>(slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
+      for_each_index<P>(slices * k, slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
       os.commit();
     } else {
       operand<P, float, false> os(out_host);
@@ -227,13 +228,14 @@ void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::
         cuda_detail::gemm_coefficients_basis(ys.data(), slices, d, us.data(), k, false, os.data());
       else
         ::thrust::fill(P{}, os.data(), os.data() + slices * k, 0.0f);
-      for_each_index<P>(slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
+      for_each_index<P>(slices * k, slices * k, add_scaled_mean{os.data(), ms.data(), k, scale});
       os.commit();
     }
 #endif
   } else {
     const std::size_t rows = gradiveq_rows_per_item<P>(k);
-    for_each_index<P>(items(slices, rows), gradiveq_expand_rows{y, basis, mu, out, slices, d, k, rows, scale, add});
+    for_each_index<P>(items(slices, rows), slices * k * (d + 1),
+                      gradiveq_expand_rows{y, basis, mu, out, slices, d, k, rows, scale, add});
   }
 }
 

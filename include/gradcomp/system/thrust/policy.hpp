@@ -76,8 +76,9 @@ template <class P>
 struct is_cuda_system : std::false_type {};
 #if defined(__CUDACC__)
 template <class P>
-  requires std::is_base_of_v<::thrust::cuda_cub::execution_policy<P>, P>
-struct is_cuda_system<P> : std::true_type {};
+requires std::is_base_of_v<::thrust::cuda_cub::execution_policy<P>, P>
+struct is_cuda_system<P> : std::true_type {
+};
 #endif
 }  // namespace thrust_detail
 

@@ -25,7 +25,6 @@
 #include <gradcomp/system/thrust/common.hpp>
 #include <gradcomp/system/thrust/elementwise.hpp>
 
-
 namespace gradcomp::execution {
 
 namespace thrust_detail {
@@ -253,8 +252,8 @@ qsgd_quantize_result qsgd_quantize_bits(std::span<const float> x, const qsgd_par
   const std::size_t buckets_per_item = p.bucket_size < item_elements<P> ? item_elements<P> / p.bucket_size : 1;
   const std::size_t norm_items = items(buckets, buckets_per_item);
   buffer<P, std::uint64_t> found(norm_items);
-  for_each_index<P>(norm_items, qsgd_norm_buckets{xs.data(), ns.data(), found.data(), n, p.bucket_size, buckets,
-                                                   buckets_per_item});
+  for_each_index<P>(norm_items, n,
+                    qsgd_norm_buckets{xs.data(), ns.data(), found.data(), n, p.bucket_size, buckets, buckets_per_item});
   // The first bucket without a norm, in index order (as seq stops there).
   const std::uint64_t first_bad = combine_items<P>(found.data(), norm_items, qsgd_items_ok, min_u64{});
   if (first_bad != qsgd_items_ok) {
@@ -270,9 +269,9 @@ qsgd_quantize_result qsgd_quantize_bits(std::span<const float> x, const qsgd_par
   }
   const std::size_t blocks = items(n, layout::block);
   const std::size_t per = item_elements<P> / layout::block > 0 ? item_elements<P> / layout::block : 1;
-  for_each_index<P>(items(blocks, per),
-                    qsgd_encode_blocks<Bits>{xs.data(), ns.data(), ws.data(), n, p.bucket_size, blocks, per,
-                                             p.levels, counter_draws{p.stream_key}});
+  for_each_index<P>(items(blocks, per), n,
+                    qsgd_encode_blocks<Bits>{xs.data(), ns.data(), ws.data(), n, p.bucket_size, blocks, per, p.levels,
+                                             counter_draws{p.stream_key}});
   ns.commit();
   ws.commit();
   return {};
@@ -285,8 +284,9 @@ void qsgd_dequantize_bits(std::span<const std::uint32_t> words, std::span<const 
   operand<P, const float> ns(norms);
   operand<P, float, Add> os(out);
   constexpr std::size_t per = item_elements<P>;
-  for_each_index<P>(items(out.size(), per), qsgd_decode_items<Bits, Add>{ws.data(), ns.data(), os.data(), out.size(),
-                                                                         p.bucket_size, per, p.levels});
+  for_each_index<P>(
+      items(out.size(), per), out.size(),
+      qsgd_decode_items<Bits, Add>{ws.data(), ns.data(), os.data(), out.size(), p.bucket_size, per, p.levels});
   os.commit();
 }
 

@@ -77,7 +77,7 @@ struct axpby_mark {
 template <class P>
 void axpby_in_place(float* y, const float* x, std::size_t n, float a, float b) {
   constexpr std::size_t per = item_elements<P>;
-  for_each_index<P>(items(n, per), axpby_items{y, x, n, per, a, b});
+  for_each_index<P>(items(n, per), n, axpby_items{y, x, n, per, a, b});
 }
 
 }  // namespace thrust_detail

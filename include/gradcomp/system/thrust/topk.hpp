@@ -43,8 +43,8 @@ namespace thrust_detail {
 GRADCOMP_HD constexpr unsigned topk_shift(int level) noexcept { return level == 0 ? 20u : (level == 1 ? 9u : 0u); }
 GRADCOMP_HD constexpr unsigned topk_digit_bits(int level) noexcept { return level == 2 ? 9u : 11u; }
 static_assert(topk_shift(0) == topk_level_shift[0] && topk_shift(1) == topk_level_shift[1] &&
-              topk_shift(2) == topk_level_shift[2] && topk_digit_bits(0) == topk_level_bits[0] &&
-              topk_digit_bits(1) == topk_level_bits[1] && topk_digit_bits(2) == topk_level_bits[2],
+                  topk_shift(2) == topk_level_shift[2] && topk_digit_bits(0) == topk_level_bits[0] &&
+                  topk_digit_bits(1) == topk_level_bits[1] && topk_digit_bits(2) == topk_level_bits[2],
               "digit layout must match system/generic/topk.hpp");
 inline constexpr std::size_t topk_hist_stride = topk_bins + 1;  // + the discard bin
 
@@ -75,13 +75,6 @@ struct key_of_value {
 struct key_at {
   const std::uint32_t* keys;
   GRADCOMP_HD std::uint32_t operator()(std::size_t i) const { return keys[i]; }
-};
-
-/// Key of candidate j: key(x[cand[j]]).
-struct key_of_candidate {
-  const float* x;
-  const std::uint32_t* cand;
-  GRADCOMP_HD std::uint32_t operator()(std::size_t j) const { return magnitude_key(x[cand[j]]); }
 };
 
 // --- compaction ----------------------------------------------------------------------
@@ -147,7 +140,7 @@ std::size_t compact(std::size_t n, Mark mark, Map map, buffer<P, std::uint32_t>&
   buffer<P, std::uint32_t> meta(words + chunks + 1, scratch);
   std::uint32_t* mask = meta.data();
   std::uint32_t* counts = meta.data() + words;
-  for_each_index<P>(chunks, mark_chunks<Mark>{mark, mask, counts, n, chunk});
+  for_each_index<P>(chunks, n, mark_chunks<Mark>{mark, mask, counts, n, chunk});
   // Exclusive scan: counts[c] becomes chunk c's offset, counts[chunks] the
   // total (one count per chunk: a host loop on host systems).
   if constexpr (on_device<P>) {
@@ -162,7 +155,7 @@ std::size_t compact(std::size_t n, Mark mark, Map map, buffer<P, std::uint32_t>&
   }
   const std::size_t total = meta.get(words + chunks);
   out.resize(total);
-  for_each_index<P>(chunks, emit_chunks<Map>{mask, counts, out.data(), n, chunk, map});
+  for_each_index<P>(chunks, n, emit_chunks<Map>{mask, counts, out.data(), n, chunk, map});
   return total;
 }
 
@@ -213,9 +206,9 @@ class histogrammer {
 
   template <class KeyFn>
   const std::uint32_t* run(KeyFn key, int level, std::uint32_t prefix) {
-    for_each_index<P>(chunks_, histogram_chunks<KeyFn>{key, rows_.data(), n_, chunk_, level, prefix});
+    for_each_index<P>(chunks_, n_, histogram_chunks<KeyFn>{key, rows_.data(), n_, chunk_, level, prefix});
     if constexpr (on_device<P>) {
-      for_each_index<P>(topk_bins, histogram_columns{rows_.data(), sums_.data(), chunks_});
+      for_each_index<P>(topk_bins, topk_bins * chunks_, histogram_columns{rows_.data(), sums_.data(), chunks_});
       sums_.copy_to_host(host_.data(), topk_bins);
     } else {  // a few rows of host memory: summed on the calling thread
       const histogram_columns columns{rows_.data(), host_.data(), chunks_};
@@ -249,31 +242,37 @@ topk_threshold radix_threshold(KeyFn key, std::size_t n, std::size_t k) {
 
 // --- selection among candidates -----------------------------------------------------------
 
-/// Candidate j is kept when its key is above t, or equal to t and j < eq_limit.
+/// Candidate j (key keys[j]) is kept when its key is above t, or equal to t and j < eq_limit.
 struct keep_candidate {
-  const float* x;
-  const std::uint32_t* cand;
+  const std::uint32_t* keys;
   std::uint32_t t;
   std::size_t eq_limit;
-  GRADCOMP_HD bool operator()(std::size_t j) const {
-    const std::uint32_t key = magnitude_key(x[cand[j]]);
-    return key > t || (key == t && j < eq_limit);
-  }
+  GRADCOMP_HD bool operator()(std::size_t j) const { return keys[j] > t || (keys[j] == t && j < eq_limit); }
 };
-struct candidate_equals {
-  const float* x;
-  const std::uint32_t* cand;
+struct key_equals {
+  const std::uint32_t* keys;
   std::uint32_t t;
-  GRADCOMP_HD bool operator()(std::size_t j) const { return magnitude_key(x[cand[j]]) == t; }
+  GRADCOMP_HD bool operator()(std::size_t j) const { return keys[j] == t; }
 };
-struct candidate_equals_count {
-  const float* x;
-  const std::uint32_t* cand;
+struct key_equals_count {
+  const std::uint32_t* keys;
   std::uint32_t t;
-  GRADCOMP_HD std::size_t operator()(std::size_t j) const { return magnitude_key(x[cand[j]]) == t ? 1u : 0u; }
+  GRADCOMP_HD std::size_t operator()(std::size_t j) const { return keys[j] == t ? 1u : 0u; }
 };
 struct add_sizes {
   GRADCOMP_HD std::size_t operator()(std::size_t a, std::size_t b) const { return a + b; }
+};
+
+/// keys[j] = key(x[cand[j]]) for the candidates of one work item.
+struct gather_keys {
+  const float* x;
+  const std::uint32_t* cand;
+  std::uint32_t* keys;
+  std::size_t m, per_item;
+  GRADCOMP_HD void operator()(std::size_t item) const {
+    const std::size_t end = min_size(m, (item + 1) * per_item);
+    for (std::size_t j = item * per_item; j < end; ++j) keys[j] = magnitude_key(x[cand[j]]);
+  }
 };
 
 /// x[i] *= s (the rescaling of a rejected candidate, DGS eq. 15).
@@ -297,38 +296,53 @@ struct reject_unkept {
   }
 };
 
-/// Scratch of one selection: candidate indices (borrowing the workspace's
-/// vectors on host systems so warm calls do not allocate).
+/// Scratch of one selection: candidate indices and their keys (the indices
+/// borrow the workspace's vectors on host systems so warm calls do not
+/// allocate).
 template <class P>
 struct selection {
   explicit selection(topk_workspace* ws)
-      : scratch(ws ? &ws->keys : nullptr), cand(0, ws ? &ws->scratch : nullptr), spare(0) {}
+      : scratch(ws ? &ws->keys : nullptr), cand(0, ws ? &ws->scratch : nullptr), spare(0), keys(0) {}
   std::vector<std::uint32_t>* scratch;
-  buffer<P, std::uint32_t> cand, spare;
+  buffer<P, std::uint32_t> cand, spare, keys;
+
+  /// keys = key(x[cand]) (one gather, so the selection passes read contiguous keys).
+  void gather(const float* x) {
+    const std::size_t m = cand.size();
+    keys.resize(m);
+    constexpr std::size_t per = item_elements<P>;
+    for_each_index<P>(items(m, per), m, gather_keys{x, cand.data(), keys.data(), m, per});
+  }
 };
 
-/// Keeps from the candidates (increasing indices, all keys >= t) those with
-/// key > t and the first need_eq with key == t; reject(i) for the others.
+/// Keeps from the candidates (increasing indices, keys gathered, all >= t)
+/// those with key > t and the first need_eq with key == t; reject(i) for the others.
 template <class P, class Reject>
-void select_final(const float* x, selection<P>& sel, std::uint32_t t, std::size_t need_eq, Reject reject) {
+void select_final(selection<P>& sel, std::uint32_t t, std::size_t need_eq, Reject reject) {
   const std::size_t m = sel.cand.size();
   const std::uint32_t* cand = sel.cand.data();
-  const std::size_t equal = ::thrust::transform_reduce(P{}, ::thrust::counting_iterator<std::size_t>(0),
-                                                       ::thrust::counting_iterator<std::size_t>(m),
-                                                       candidate_equals_count{x, cand, t}, std::size_t{0}, add_sizes{});
+  const std::uint32_t* keys = sel.keys.data();
+  std::size_t equal = 0;
+  if (run_serially<P>(m, m)) {
+    for (std::size_t j = 0; j < m; ++j) equal += keys[j] == t;
+  } else {
+    equal = ::thrust::transform_reduce(P{}, ::thrust::counting_iterator<std::size_t>(0),
+                                       ::thrust::counting_iterator<std::size_t>(m), key_equals_count{keys, t},
+                                       std::size_t{0}, add_sizes{});
+  }
   std::size_t eq_limit = m;  // keep every equal candidate
   if (need_eq < equal) {
     eq_limit = 0;
     if (need_eq > 0) {  // position of the need_eq-th equal candidate, + 1
       buffer<P, std::uint32_t> eq(0);
-      compact(m, candidate_equals{x, cand, t}, index_identity{}, eq, sel.scratch);
+      compact(m, key_equals{keys, t}, index_identity{}, eq, sel.scratch);
       eq_limit = std::size_t{eq.get(need_eq - 1)} + 1;
     }
   }
-  const keep_candidate keep{x, cand, t, eq_limit};
+  const keep_candidate keep{keys, t, eq_limit};
   compact(m, keep, index_of_candidate{cand}, sel.spare, sel.scratch);
   if constexpr (!std::is_same_v<Reject, no_reject>)
-    for_each_index<P>(m, reject_unkept<keep_candidate, Reject>{keep, cand, reject});
+    for_each_index<P>(m, m, reject_unkept<keep_candidate, Reject>{keep, cand, reject});
   sel.cand.swap(sel.spare);
 }
 
@@ -338,9 +352,9 @@ template <class P, class Reject>
 void keep_largest(const float* x, selection<P>& sel, std::size_t k, Reject reject) {
   const std::size_t m = sel.cand.size();
   if (m <= k) return;
-  const topk_threshold th =
-      k == 0 ? topk_threshold{0xFFFFFFFFu, 0} : radix_threshold<P>(key_of_candidate{x, sel.cand.data()}, m, k);
-  select_final(x, sel, th.key, k - th.greater, reject);
+  sel.gather(x);
+  const topk_threshold th = k == 0 ? topk_threshold{0xFFFFFFFFu, 0} : radix_threshold<P>(key_at{sel.keys.data()}, m, k);
+  select_final(sel, th.key, k - th.greater, reject);
 }
 
 /// Marks key(x[i]) >= t.
@@ -370,7 +384,8 @@ void exact_top_k(const float* x, std::size_t n, std::size_t k, selection<P>& sel
     const std::uint32_t key_lo = prefix << topk_shift(level);
     if (level + 1 == topk_levels) {  // the threshold is the full key
       compact(n, key_at_least{x, key_lo}, index_identity{}, sel.cand, sel.scratch);
-      select_final(x, sel, key_lo, rem, no_reject{});
+      sel.gather(x);
+      select_final(sel, key_lo, rem, no_reject{});
       return;
     }
     if (in_bin <= small) {
@@ -403,44 +418,44 @@ std::uint32_t sampled_threshold(const topk_sample_plan& plan, Value value, std::
                                 std::uint64_t stream) {
   if (plan.use_exact) return 0;
   buffer<P, std::uint32_t> keys(plan.samples);
-  for_each_index<P>(plan.samples, sample_keys_op<Value>{value, keys.data(), n, plan.samples, draws_of(seed, stream)});
+  for_each_index<P>(plan.samples, plan.samples,
+                    sample_keys_op<Value>{value, keys.data(), n, plan.samples, draws_of(seed, stream)});
   return radix_threshold<P>(key_at{keys.data()}, plan.samples, plan.rank).key;
 }
 
 // --- rescaling of everything not selected --------------------------------------------------
 
-struct gather_at {
-  const float* x;
-  const std::uint32_t* idx;
-  float* out;
-  GRADCOMP_HD void operator()(std::size_t j) const { out[j] = x[idx[j]]; }
-};
-struct scatter_at {
+/// x[i] *= s over the item's range, skipping the (increasing) selected indices.
+struct scale_except_items {
   float* x;
-  const std::uint32_t* idx;
-  const float* in;
-  GRADCOMP_HD void operator()(std::size_t j) const { x[idx[j]] = in[j]; }
-};
-struct scale_items {
-  float* x;
-  std::size_t n, per_item;
+  const std::uint32_t* selected;
+  std::size_t k, n, per_item;
   float s;
   GRADCOMP_HD void operator()(std::size_t item) const {
-    const std::size_t end = min_size(n, (item + 1) * per_item);
-    for (std::size_t i = item * per_item; i < end; ++i) x[i] = x[i] * s;
+    const std::size_t begin = item * per_item, end = min_size(n, begin + per_item);
+    std::size_t lo = 0, hi = k;  // first selected index >= begin
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (selected[mid] < begin)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    std::size_t from = begin;
+    for (std::size_t j = lo; j < k && selected[j] < end; ++j) {
+      for (std::size_t i = from; i < selected[j]; ++i) x[i] = x[i] * s;
+      from = std::size_t{selected[j]} + 1;
+    }
+    for (std::size_t i = from; i < end; ++i) x[i] = x[i] * s;
   }
 };
 
-/// x[i] *= s for every i not in `selected` (topk_scale_unselected): the
-/// selected values are set aside, everything is scaled, they are put back.
+/// x[i] *= s for every i not in `selected` (increasing indices;
+/// topk_scale_unselected), in one pass.
 template <class P>
 void scale_unselected(float* x, std::size_t n, const buffer<P, std::uint32_t>& selected, float s) {
-  const std::size_t k = selected.size();
-  buffer<P, float> kept(k);
-  for_each_index<P>(k, gather_at{x, selected.data(), kept.data()});
   constexpr std::size_t per = item_elements<P>;
-  for_each_index<P>(items(n, per), scale_items{x, n, per, s});
-  for_each_index<P>(k, scatter_at{x, selected.data(), kept.data()});
+  for_each_index<P>(items(n, per), n, scale_except_items{x, selected.data(), selected.size(), n, per, s});
 }
 
 }  // namespace thrust_detail

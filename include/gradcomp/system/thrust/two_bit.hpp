@@ -21,7 +21,6 @@
 #include <gradcomp/system/thrust/common.hpp>
 #include <gradcomp/system/thrust/elementwise.hpp>
 
-
 namespace gradcomp::execution {
 
 namespace thrust_detail {
@@ -141,7 +140,7 @@ void two_bit_dequantize_impl(std::span<const std::uint32_t> words, float thr, st
   operand<P, const std::uint32_t> w(words);
   operand<P, float, Add> o(out);
   const std::size_t per = item_elements<P> / 16;
-  for_each_index<P>(items(words.size(), per),
+  for_each_index<P>(items(words.size(), per), out.size(),
                     two_bit_dequantize_items<Add>{w.data(), o.data(), out.size(), words.size(), per, thr});
   o.commit();
 }
@@ -160,8 +159,8 @@ two_bit_prescan_result two_bit_prescan(thrust<P>, std::span<const float> gradien
   const std::size_t blocks = items(n, two_bit_block);
   buffer<P, std::uint32_t> block_max(blocks);
   buffer<P, float> lanes(want_sum ? blocks * two_bit_lanes : 0);
-  for_each_index<P>(blocks, two_bit_prescan_blocks{g.data(), want_sum ? r.data() : nullptr, block_max.data(),
-                                                   lanes.data(), n});
+  for_each_index<P>(blocks, n,
+                    two_bit_prescan_blocks{g.data(), want_sum ? r.data() : nullptr, block_max.data(), lanes.data(), n});
   const std::uint32_t m = combine_items<P>(block_max.data(), blocks, std::uint32_t{0}, max_u32{});
   if (m >= 0x7F800000u) return {first_non_finite<P>(g.data(), n), 0.0f, 0.0};
   double total = 0.0;
@@ -187,7 +186,7 @@ float two_bit_quantize(thrust<P>, std::span<const float> gradient, std::span<flo
   const std::size_t per = item_elements<P> / 16;
   const std::size_t count = items(words.size(), per);
   buffer<P, std::uint32_t> item_max(count);
-  for_each_index<P>(count,
+  for_each_index<P>(count, n,
                     two_bit_quantize_items{g.data(), r.data(), w.data(), item_max.data(), n, words.size(), per, thr});
   const std::uint32_t m = combine_items<P>(item_max.data(), count, std::uint32_t{0}, max_u32{});
   r.commit();
