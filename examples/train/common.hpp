@@ -54,9 +54,9 @@ struct run_options {
   std::size_t check_every = 50;   ///< replica checksum period in steps
   std::size_t log_every = 20;
   // GradiVeQ (seed 002, Sec. 4): warm-up, L_t sampling, L_c compressed, lambda.
-  std::size_t gradiveq_warmup = 60;
-  std::size_t gradiveq_lt = 20;
-  std::size_t gradiveq_lc = 80;
+  std::size_t gradiveq_warmup = 100;
+  std::size_t gradiveq_lt = 25;
+  std::size_t gradiveq_lc = 100;
   double gradiveq_lambda = 0.01;
   std::size_t gradiveq_plus_pool = 16;  ///< gradiveq_plus: slices pooled per sample (0: first slice)
   double gradiveq_plus_holdout = 0.0;   ///< gradiveq_plus: fraction of samples held out to choose d
@@ -70,15 +70,15 @@ struct run_options {
   std::string two_bit_momentum = "plain";  ///< optimizer | local | plain (see momentum_mode)
   // Sparsifier with memory: percent of each layer kept.
   double topk_percent = 1.0;
-  std::string topk_momentum = "dgc";       ///< optimizer | dgc | plain
+  std::string topk_momentum = "plain";     ///< optimizer | dgc | plain
   // DGS (seed 001): sparsity in percent, SAMomentum momentum, secondary compression.
   double dgs_sparsity = 99.0;
   double dgs_momentum = 0.7;
   bool dgs_secondary = true;
   // LGC (seed 004): top-k percent and phase lengths.
   double lgc_topk_percent = 0.1;
-  std::size_t lgc_phase1 = 60;   ///< dense warm-up steps
-  std::size_t lgc_phase2 = 60;   ///< top-k steps while the autoencoder trains
+  std::size_t lgc_phase1 = 100;  ///< dense warm-up steps
+  std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
   std::string lgc_momentum = "dgc";  ///< dgc | plain online
 };
 

@@ -601,14 +601,14 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--configs", config_list, "Comma-separated configurations to run (" + join_names() + ")")
       ->delimiter(',');
   app.add_flag("--list", list, "List the configurations and whether this build can run them, then exit");
-  app.add_flag("--full", full, "Train long enough for the accuracies to settle (all 60000 images, 12 epochs)");
+  app.add_flag("--full", full, "Train long enough for the accuracies to settle (all 60000 images, 10 epochs)");
   auto* workers_option =
       app.add_option("-n,--workers", o.workers,
                      "Number of workers N (threads over the in-process transport; under mpirun: the process count)")
           ->capture_default_str();
   app.add_option("--batch", o.batch, "Batch size per worker (the global batch is N x this)")->capture_default_str();
-  app.add_option("--epochs", epochs, "Epochs over the training subset (default 3, --full: 12)");
-  app.add_option("--train-samples", train_samples, "Training images used (default 12000, --full: 60000)");
+  app.add_option("--epochs", epochs, "Epochs over the training subset (default 3, --full: 10)");
+  app.add_option("--train-samples", train_samples, "Training images used (default 20000, --full: 60000)");
   app.add_option("--eval-samples", eval_samples,
                  "Test images of the intermediate evaluations (default 2000, --full: 10000); the final one uses all");
   app.add_option("--lr", o.lr, "Peak learning rate (warm-up, then cosine decay)")->capture_default_str();
@@ -698,9 +698,9 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   }
 
   // Defaults of the short and the --full run.
-  o.train_samples = train_samples.value_or(full ? 60000 : 12000);
+  o.train_samples = train_samples.value_or(full ? 60000 : 20000);
   o.eval_samples = eval_samples.value_or(full ? 10000 : 2000);
-  o.epochs = epochs.value_or(full ? 12.0 : 3.0);
+  o.epochs = epochs.value_or(full ? 10.0 : 3.0);
   if (full) {
     // The paper-scale schedules, shortened to this run's length.
     o.gradiveq_warmup = 500;

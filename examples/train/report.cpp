@@ -85,7 +85,9 @@ void print_table(std::ostream& out, const std::vector<run_result>& results) {
          "recv(PS)      bytes a worker receives from the parameter server per step (DGS only)\n"
          "ratio         float32 bytes of the whole gradient / payload bytes the worker's encoders produced\n"
          "target ratio  the same on the layers the codec compresses (conv: conv weights, weights: conv+fc weights)\n"
-         "agg ms        time in the gradient exchange per step (worker 0; after a barrier, so no straggler wait)\n";
+         "agg ms        time in the gradient exchange per step, worker 0 (synchronous configurations start it after a\n"
+         "              barrier, so it holds no straggler wait; for dgs it includes waiting for the server's turn)\n"
+         "compute ms    forward + backward per step, worker 0 (N worker threads share the cores)\n";
 }
 
 void print_result_lines(std::ostream& out, const std::vector<run_result>& results) {
