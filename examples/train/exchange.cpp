@@ -134,8 +134,8 @@ namespace {
 // Data tags (each call pair stays below MPI's guaranteed MPI_TAG_UB, 32767).
 constexpr int tag_dense = 32000;   // plain ring: 32000, 32001
 constexpr int tag_linear = 32002;  // compressed-domain ring (Algorithm 1): 32002, 32003
-constexpr int tag_gather = 32004;  // all-gather of payloads
-constexpr int tag_vote = 32005;    // GradiVeQ eq. 7 votes
+constexpr int tag_gather = 32004;  // all-gather of payloads (ring_allgather_decode uses tag_gather + 1)
+constexpr int tag_vote = 32010;    // GradiVeQ eq. 7 votes
 
 /// Adds a layer's byte accounting to the counters.
 void count(codec_counters& c, std::size_t elements, std::size_t encoded, bool target) {
@@ -196,20 +196,14 @@ bool is_conv(const layer_desc& l) { return l.shape.kind == gradcomp::layer_kind:
 bool is_weight(const layer_desc& l) { return l.dims >= 2; }
 
 /// Non-linear codecs: every worker's payload goes round the ring (all-gather
-/// of the serialized bytes), and every worker parses and decodes all N in
-/// rank order into the layer: the same bits on every worker. `layer` holds
-/// the local gradient on entry and the mean on return.
+/// of the serialized bytes, gradcomp::ring_allgather_decode), and every
+/// worker parses and decodes all N in rank order into the layer: the same
+/// bits on every worker. `layer` holds the local gradient on entry and the
+/// mean on return.
 template <class Codec>
-void allgather_decode_mean(counted_transport& t, Codec& codec, std::span<float> layer,
-                           typename Codec::payload_type& own, codec_counters& c) {
-  using payload = typename Codec::payload_type;
-  codec.encode(layer, own);
-  std::vector<std::byte> bytes = gradcomp::wire::serialize(own);
-  count(c, layer.size(), bytes.size(), true);
-  auto all = allgather_bytes(t, std::move(bytes), tag_gather);
-  std::fill(layer.begin(), layer.end(), 0.0f);
-  for (const auto& b : all) codec.decode_add(gradcomp::wire::parse<payload>(b), layer);
-  scale(layer, 1.0f / float(all.size()));
+void allgather_decode_mean(counted_transport& t, Codec& codec, std::span<float> layer, codec_counters& c) {
+  const auto st = gradcomp::ring_allgather_decode(policy{}, t, codec, layer, {.average = true, .tag_base = tag_gather});
+  count(c, layer.size(), st.own_encoded_bytes, true);
 }
 
 /// One worker: nothing to exchange.
@@ -258,7 +252,6 @@ class gather_exchanger final : public exchanger {
     chosen_ = std::move(chosen);
     rest_ = dense_bucket(std::move(rest), layers);
     for (auto i : chosen_) codecs_.push_back(make(i, layers[i].shape.size()));
-    payloads_.resize(chosen_.size());
     if (local_momentum_ > 0.0f) {
       velocity_.resize(chosen_.size());
       for (std::size_t j = 0; j < chosen_.size(); ++j) velocity_[j].assign(layers[chosen_[j]].shape.size(), 0.0f);
@@ -274,7 +267,7 @@ class gather_exchanger final : public exchanger {
         for (std::size_t i = 0; i < u.size(); ++i) u[i] = local_momentum_ * u[i] + layer[i];
         std::copy(u.begin(), u.end(), layer.begin());
       }
-      allgather_decode_mean(t_, codecs_[j], layer, payloads_[j], counters);
+      allgather_decode_mean(t_, codecs_[j], layer, counters);
     }
   }
   std::string target_label() const override { return "weights"; }
@@ -304,7 +297,6 @@ class gather_exchanger final : public exchanger {
   std::vector<std::size_t> chosen_;
   dense_bucket rest_;
   std::vector<Codec> codecs_;
-  std::vector<typename Codec::payload_type> payloads_;
 };
 
 // --- QSGD --------------------------------------------------------------------
@@ -326,65 +318,27 @@ gradcomp::qsgd_options qsgd_config(const run_options& o, int rank, std::size_t l
 
 using gq_codec = gradcomp::linear_compressor<policy>;
 
-/// Algorithm 1 of seed 002 on one layer: the compressed-domain pipelined ring
-/// all-reduce. Reduce-scatter: at step s a worker receives the compressed
-/// segment k from its predecessor, compresses its own segment k, sums the
-/// two in the compressed domain (eq. 4) and forwards the sum; after N-1
-/// steps it owns one completely aggregated compressed segment. All-gather:
-/// the aggregated compressed segments go round the ring; each worker
-/// decompresses every one (eq. 5). Every segment is summed once in one fixed
-/// order and then copied, so all workers decode the same bytes.
+/// Algorithm 1 of seed 002 on one layer (gradcomp::ring_allreduce_linear):
+/// the compressed-domain pipelined ring all-reduce. Reduce-scatter: at step s
+/// a worker compresses its own segment k, receives the compressed partial sum
+/// of segment k from its predecessor, sums the two in the compressed domain
+/// (eq. 4) and forwards the sum; after N-1 steps it owns one completely
+/// aggregated compressed segment. All-gather: the aggregated compressed
+/// segments go round the ring and each worker decompresses every one (eq. 5).
 /// `flat` holds the local gradient (GradiVeQ order) on entry, the SUM on
-/// return. Returns the eq. 7 loss of this worker's own compression.
+/// return. Returns the eq. 7 loss of this worker's own compressions (the
+/// driver's observer sees each own segment and its payload).
 gradcomp::local_loss_value compressed_ring_sum(counted_transport& t, const gq_codec& codec, std::span<float> flat,
                                                std::size_t& encoded) {
-  const int n = t.size(), r = t.rank();
-  const auto bounds = codec.segment_bounds(std::size_t(n));
-  auto seg = [&](int j) { return flat.subspan(bounds[std::size_t(j)], bounds[std::size_t(j) + 1] - bounds[std::size_t(j)]); };
   gradcomp::local_loss_value loss;
-  encoded = 0;
-  gradcomp::gradiveq_payload own;
-  auto encode_own = [&](int j) {
-    codec.encode_segment(bounds[std::size_t(j)], seg(j), own);
-    const auto l = codec.local_loss(seg(j), own);
-    loss.loss += l.loss;
-    loss.energy += l.energy;
-    encoded += codec.encoded_bytes(own);
-  };
-  if (n == 1) {
-    encode_own(0);
-    codec.decode(own, flat);
-    return loss;
-  }
-  const gradcomp::ring_schedule ring(r, n, flat.size());
-  const int next = ring.next(), prev = ring.prev(), steps = ring.steps();
-  std::vector<any_recv_handle> rs, ag;
-  for (int s = 0; s < steps; ++s) rs.push_back(t.irecv(prev, tag_linear));
-  for (int s = 0; s < steps; ++s) ag.push_back(t.irecv(prev, tag_linear + 1));
-  std::vector<any_send_handle> sends;
-
-  encode_own(ring.reduce_scatter_send(0));
-  sends.push_back(t.isend(next, tag_linear, gradcomp::wire::serialize(own)));
-  gradcomp::gradiveq_payload owned;
-  for (int s = 0; s < steps; ++s) {
-    const int k = ring.reduce_scatter_recv(s);
-    auto received = gradcomp::wire::parse<gradcomp::gradiveq_payload>(rs[std::size_t(s)].wait().bytes);
-    encode_own(k);
-    codec.accumulate(received, own);
-    if (s + 1 < steps) sends.push_back(t.isend(next, tag_linear, gradcomp::wire::serialize(received)));
-    else owned = std::move(received);
-  }
-  // The own encodings are done: `flat` may now be overwritten by the sums.
-  const int mine = ring.owned_segment();
-  sends.push_back(t.isend(next, tag_linear + 1, gradcomp::wire::serialize(owned)));
-  codec.decode(owned, seg(mine));
-  for (int s = 0; s < steps; ++s) {
-    const int k = ring.all_gather_recv(s);
-    auto m = ag[std::size_t(s)].wait();
-    codec.decode(gradcomp::wire::parse<gradcomp::gradiveq_payload>(m.bytes), seg(k));
-    if (s + 1 < steps) sends.push_back(t.isend(next, tag_linear + 1, std::move(m.bytes)));
-  }
-  for (auto& h : sends) h.wait();
+  const gradcomp::ring_stats st = gradcomp::ring_allreduce_linear(
+      policy{}, t, codec, flat, {.average = false, .tag_base = tag_linear},
+      [&](int, std::span<const float> local, const gradcomp::gradiveq_payload& own) {
+        const auto l = codec.local_loss(local, own);
+        loss.loss += l.loss;
+        loss.energy += l.energy;
+      });
+  encoded = st.own_encoded_bytes;
   return loss;
 }
 
@@ -467,12 +421,9 @@ class gradiveq_exchanger final : public exchanger {
           if (schedule_.sampling_quantized()) {
             // QSGD on the L_t iterations: all-gather the payloads, decode
             // and sum in rank order (the same sample on every worker).
-            samplers_[j].encode(flat_, sample_payload_);
-            auto bytes = gradcomp::wire::serialize(sample_payload_);
-            count(counters, flat_.size(), bytes.size(), true);
-            auto all = allgather_bytes(t_, std::move(bytes), tag_gather);
-            std::fill(flat_.begin(), flat_.end(), 0.0f);
-            for (const auto& b : all) samplers_[j].decode_add(gradcomp::wire::parse<gradcomp::qsgd_payload>(b), flat_);
+            const auto st = gradcomp::ring_allgather_decode(policy{}, t_, samplers_[j], std::span<float>(flat_),
+                                                            {.average = false, .tag_base = tag_gather});
+            count(counters, flat_.size(), st.own_encoded_bytes, true);
           } else {
             gradcomp::ring_allreduce(policy{}, t_, std::span<float>(flat_), {.average = false, .tag_base = tag_dense});
             count(counters, flat_.size(), 4 * flat_.size(), true);
@@ -566,7 +517,6 @@ class gradiveq_exchanger final : public exchanger {
   std::vector<gradcomp::layer_shape> shapes_;
   std::vector<gq_codec> codecs_;
   std::vector<gradcomp::qsgd<policy>> samplers_;  // QSGD of the L_t iterations
-  gradcomp::qsgd_payload sample_payload_;
   dense_bucket rest_;
   std::vector<float> flat_;
   codec_counters compressed_;  // the compressed iterations only
