@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/detail/sparse_codec.hpp>
 #include <gradcomp/sparsify.hpp>
 
 namespace gradcomp {
@@ -81,8 +82,7 @@ class sa_momentum {
 
   /// Saves the velocity u, step count and options.
   std::vector<std::byte> save_state() const {
-    return wire::serialize_state(wire::codec_id::sparse_coo, n_, [&](wire::writer& w) {
-      w.put<std::uint8_t>(static_cast<std::uint8_t>(detail::sparse_state_kind::sa_momentum));
+    return detail::save_sparse_state(n_, detail::sparse_state_kind::sa_momentum, [&](wire::writer& w) {
       w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.mode));
       w.put<std::uint16_t>(0);
       w.put<double>(options_.ratio_percent);
@@ -101,12 +101,8 @@ class sa_momentum {
   /// another layer size, state_error for another codec kind; on error
   /// nothing changes.
   void restore_state(std::span<const std::byte> bytes) {
-    wire::header h;
-    wire::reader r = wire::parse_state(bytes, wire::codec_id::sparse_coo, &h);
-    if (h.element_count != n_)
-      throw size_mismatch_error("sa_momentum::restore_state", n_, static_cast<std::size_t>(h.element_count));
-    if (r.get<std::uint8_t>() != static_cast<std::uint8_t>(detail::sparse_state_kind::sa_momentum))
-      throw state_error("sa_momentum::restore_state: the state belongs to another sparse codec");
+    wire::reader r =
+        detail::open_sparse_state(bytes, n_, detail::sparse_state_kind::sa_momentum, "sa_momentum::restore_state");
     sa_momentum_options o;
     const auto mode = r.get<std::uint8_t>();
     const auto reserved = r.get<std::uint16_t>();
@@ -117,11 +113,7 @@ class sa_momentum {
     o.learning_rate = r.get<float>();
     o.seed = r.get<std::uint64_t>();
     const auto steps = r.get<std::uint64_t>();
-    try {
-      validate_options(o, "sa_momentum state");
-    } catch (const invalid_argument_error& e) {
-      wire::reader::fail(wire::wire_errc::malformed_body, e.what());
-    }
+    detail::validate_saved_options([&] { validate_options(o, "sa_momentum state"); });
     auto velocity = detail::read_finite_floats(r, n_, "velocity");
     r.expect_end();
     if (o.ratio_percent != options_.ratio_percent || o.momentum != options_.momentum || o.mode != options_.mode ||

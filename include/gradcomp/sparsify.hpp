@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/sparse_codec.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/wire.hpp>
@@ -237,35 +238,9 @@ void sparse_scatter(const sparse_coo_payload& p, std::span<float> out, const cha
   }
 }
 
-inline void check_sparse_ratio(double ratio_percent, const char* who) {
-  if (!(ratio_percent > 0.0 && ratio_percent <= 100.0))
-    throw invalid_argument_error(std::string(who) + ": ratio R must be in (0, 100] percent, got " +
-                                 std::to_string(ratio_percent));
-}
-inline void check_sparse_momentum(float m, const char* who) {
-  if (!(m > 0.0f && m < 1.0f))
-    throw invalid_argument_error(std::string(who) + ": momentum m must be in (0, 1), got " + std::to_string(m));
-}
-inline void check_sparse_positive(float v, const char* what, const char* who) {
-  if (!(v > 0.0f && v <= std::numeric_limits<float>::max()))
-    throw invalid_argument_error(std::string(who) + ": " + what + " must be finite and > 0, got " +
-                                 std::to_string(v));
-}
 inline void check_sparse_length(std::size_t n, const char* who) {
   if (n > sparse_max_elements)
     throw invalid_argument_error(std::string(who) + ": layers are limited to 2^32-1 elements (32-bit indices)");
-}
-
-/// Kinds of saved state under codec_id::sparse_coo.
-enum class sparse_state_kind : std::uint8_t { sparsifier = 1, sa_momentum = 2 };
-
-/// Reads n floats of a saved state, rejecting non-finite ones.
-inline std::vector<float> read_finite_floats(wire::reader& r, std::uint64_t n, const char* what) {
-  std::vector<float> v = r.get_vector<float>(n);
-  for (float x : v)
-    if (!std::isfinite(x))
-      wire::reader::fail(wire::wire_errc::malformed_body, std::string("saved ") + what + " holds a non-finite value");
-  return v;
 }
 
 }  // namespace detail
@@ -349,8 +324,7 @@ class sparsifier_with_memory {
 
   /// Saves residual (DGC: accumulation v and velocity u), step count and options.
   std::vector<std::byte> save_state() const {
-    return wire::serialize_state(wire::codec_id::sparse_coo, n_, [&](wire::writer& w) {
-      w.put<std::uint8_t>(static_cast<std::uint8_t>(detail::sparse_state_kind::sparsifier));
+    return detail::save_sparse_state(n_, detail::sparse_state_kind::sparsifier, [&](wire::writer& w) {
       w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.mode));
       w.put<std::uint8_t>(options_.dgc_momentum ? 1 : 0);
       w.put<std::uint8_t>(0);
@@ -371,13 +345,8 @@ class sparsifier_with_memory {
   /// wire_error for malformed bytes, size_mismatch_error for another layer
   /// size, state_error for another codec kind. On error nothing changes.
   void restore_state(std::span<const std::byte> bytes) {
-    wire::header h;
-    wire::reader r = wire::parse_state(bytes, wire::codec_id::sparse_coo, &h);
-    if (h.element_count != n_)
-      throw size_mismatch_error("sparsifier_with_memory::restore_state", n_,
-                                static_cast<std::size_t>(h.element_count));
-    if (r.get<std::uint8_t>() != static_cast<std::uint8_t>(detail::sparse_state_kind::sparsifier))
-      throw state_error("sparsifier_with_memory::restore_state: the state belongs to another sparse codec");
+    wire::reader r = detail::open_sparse_state(bytes, n_, detail::sparse_state_kind::sparsifier,
+                                               "sparsifier_with_memory::restore_state");
     sparsifier_options o;
     const auto mode = r.get<std::uint8_t>();
     const auto dgc = r.get<std::uint8_t>();
@@ -390,11 +359,7 @@ class sparsifier_with_memory {
     o.momentum = r.get<float>();
     o.seed = r.get<std::uint64_t>();
     const auto steps = r.get<std::uint64_t>();
-    try {
-      validate_options(o, "sparsifier state");
-    } catch (const invalid_argument_error& e) {
-      wire::reader::fail(wire::wire_errc::malformed_body, e.what());
-    }
+    detail::validate_saved_options([&] { validate_options(o, "sparsifier state"); });
     auto residual = detail::read_finite_floats(r, n_, "residual");
     std::vector<float> velocity;
     if (o.dgc_momentum) velocity = detail::read_finite_floats(r, n_, "velocity");
