@@ -579,6 +579,27 @@ class ring_channel {
   std::vector<send_handle> sends_;
 };
 
+/// The all-gather phase of the reducing rings (Algorithm 1 lines 10-13 of
+/// seed 002): `owned`, this rank's complete compressed segment, goes round the
+/// ring; each received segment is forwarded as received (the same bytes) and
+/// decoded while the next one is on the wire. `receive(handle, segment,
+/// phase, step)` waits and parses (a (message, payload) pair),
+/// `decode_segment(payload, segment)` decodes; ends with every send completed.
+template <class T, class Payload, class Handles, class Receive, class DecodeSegment>
+void ring_all_gather_phase(ring_channel<T>& ch, const ring_schedule& ring, int tag, Handles& recv,
+                           const Payload& owned, Receive& receive, DecodeSegment& decode_segment) {
+  const int steps = ring.steps();
+  ch.send(tag, ch.serialize(owned));
+  decode_segment(owned, ring.owned_segment());
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.all_gather_recv(s);
+    auto got = receive(recv[static_cast<std::size_t>(s)], k, "all-gather", s);
+    if (s + 1 < steps) ch.send(tag, std::move(got.first.bytes));
+    decode_segment(got.second, k);
+  }
+  ch.finish();
+}
+
 /// Algorithm 1 of seed 002 (see ring_allreduce_linear).
 template <class Policy, class T, class C, class OnEncode>
 ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_options& options, OnEncode& on_encode) {
@@ -661,20 +682,8 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
       owned = std::move(in);  // line 9: the complete compressed segment r+1
     }
   }
-  // Lines 10-13: the complete compressed segments go round the ring; each is
-  // forwarded as received (the same bytes) and decompressed while the next
-  // one is on the wire.
-  ch.send(tag_ag, ch.serialize(owned));
-  decode_segment(owned, ring.owned_segment());
-  for (int s = 0; s < steps; ++s) {
-    const int k = ring.all_gather_recv(s);
-    auto got = receive(ag_recv[static_cast<std::size_t>(s)], k, "all-gather", s);
-    message& m = got.first;
-    payload& in = got.second;
-    if (s + 1 < steps) ch.send(tag_ag, std::move(m.bytes));
-    decode_segment(in, k);
-  }
-  ch.finish();
+  // Lines 10-13.
+  ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
   st.seconds = ring_seconds_since(started);
   return st;
 }
@@ -755,17 +764,7 @@ ring_stats ring_reencode_impl(T& t, std::span<C> codecs, std::span<float> data, 
       encode(k, partial, owned);
     }
   }
-  ch.send(tag_ag, ch.serialize(owned));
-  decode_segment(owned, ring.owned_segment());
-  for (int s = 0; s < steps; ++s) {
-    const int k = ring.all_gather_recv(s);
-    auto got = receive(ag_recv[static_cast<std::size_t>(s)], k, "all-gather", s);
-    message& m = got.first;
-    payload& in = got.second;
-    if (s + 1 < steps) ch.send(tag_ag, std::move(m.bytes));
-    decode_segment(in, k);
-  }
-  ch.finish();
+  ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
   st.seconds = ring_seconds_since(started);
   return st;
 }
