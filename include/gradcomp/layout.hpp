@@ -119,46 +119,47 @@ inline bool overlaps(std::span<const float> a, std::span<float> b) noexcept {
 }
 }  // namespace detail
 
+namespace detail {
+/// flatten_gradiveq (Inverse: unflatten_gradiveq). Source [F][D][P] (P = H*W
+/// positions), destination [P][D][F] (Inverse: the other way round): for each
+/// depth a transpose of the F x P block, tiled so both sides stay in cache.
+/// Each direction keeps its own loop order inside a tile: writes run along
+/// the destination's contiguous dimension.
+template <bool Inverse>
+void gradiveq_transpose(const char* who, const layer_shape& s, std::span<const float> in, std::span<float> out) {
+  check_layout_sizes(who, s, in.size(), out.size());
+  if (overlaps(in, out)) throw invalid_argument_error(std::string(who) + ": input and output overlap");
+  if (s.kind != layer_kind::conv) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  const std::size_t F = s.filters, D = s.depth, P = s.height * s.width;
+  constexpr std::size_t tile = 32;
+  for (std::size_t d = 0; d < D; ++d)
+    for (std::size_t f0 = 0; f0 < F; f0 += tile)
+      for (std::size_t p0 = 0; p0 < P; p0 += tile) {
+        const std::size_t f1 = std::min(F, f0 + tile), p1 = std::min(P, p0 + tile);
+        if constexpr (Inverse) {
+          for (std::size_t f = f0; f < f1; ++f)
+            for (std::size_t p = p0; p < p1; ++p) out[(f * D + d) * P + p] = in[(p * D + d) * F + f];
+        } else {
+          for (std::size_t p = p0; p < p1; ++p)
+            for (std::size_t f = f0; f < f1; ++f) out[(p * D + d) * F + f] = in[(f * D + d) * P + p];
+        }
+      }
+}
+}  // namespace detail
+
 /// Reorders a layer gradient from the framework layout into the GradiVeQ
 /// layout (Fig. 3a): out[gradiveq_index(f,d,h,w)] = in[framework_index(f,d,h,w)].
 /// Dense layers are copied unchanged. `in` and `out` must not overlap.
 inline void flatten_gradiveq(const layer_shape& s, std::span<const float> in, std::span<float> out) {
-  detail::check_layout_sizes("flatten_gradiveq", s, in.size(), out.size());
-  if (detail::overlaps(in, out)) throw invalid_argument_error("flatten_gradiveq: input and output overlap");
-  if (s.kind != layer_kind::conv) {
-    std::copy(in.begin(), in.end(), out.begin());
-    return;
-  }
-  // Source [F][D][P] (P = H*W positions), destination [P][D][F]: for each
-  // depth a transpose of the F x P block, tiled so both sides stay in cache.
-  const std::size_t F = s.filters, D = s.depth, P = s.height * s.width;
-  constexpr std::size_t tile = 32;
-  for (std::size_t d = 0; d < D; ++d)
-    for (std::size_t f0 = 0; f0 < F; f0 += tile)
-      for (std::size_t p0 = 0; p0 < P; p0 += tile) {
-        const std::size_t f1 = std::min(F, f0 + tile), p1 = std::min(P, p0 + tile);
-        for (std::size_t p = p0; p < p1; ++p)
-          for (std::size_t f = f0; f < f1; ++f) out[(p * D + d) * F + f] = in[(f * D + d) * P + p];
-      }
+  detail::gradiveq_transpose<false>("flatten_gradiveq", s, in, out);
 }
 
 /// The exact inverse of flatten_gradiveq: GradiVeQ layout back to [F, D, H, W].
 inline void unflatten_gradiveq(const layer_shape& s, std::span<const float> in, std::span<float> out) {
-  detail::check_layout_sizes("unflatten_gradiveq", s, in.size(), out.size());
-  if (detail::overlaps(in, out)) throw invalid_argument_error("unflatten_gradiveq: input and output overlap");
-  if (s.kind != layer_kind::conv) {
-    std::copy(in.begin(), in.end(), out.begin());
-    return;
-  }
-  const std::size_t F = s.filters, D = s.depth, P = s.height * s.width;
-  constexpr std::size_t tile = 32;
-  for (std::size_t d = 0; d < D; ++d)
-    for (std::size_t f0 = 0; f0 < F; f0 += tile)
-      for (std::size_t p0 = 0; p0 < P; p0 += tile) {
-        const std::size_t f1 = std::min(F, f0 + tile), p1 = std::min(P, p0 + tile);
-        for (std::size_t f = f0; f < f1; ++f)
-          for (std::size_t p = p0; p < p1; ++p) out[(f * D + d) * P + p] = in[(p * D + d) * F + f];
-      }
+  detail::gradiveq_transpose<true>("unflatten_gradiveq", s, in, out);
 }
 
 }  // namespace gradcomp
