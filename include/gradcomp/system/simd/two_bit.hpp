@@ -170,33 +170,10 @@ inline ubatch code_values(const ubatch& word, const ubatch& pos_to_top, const ub
   const ubatch nz_all = ubatch(0u) - ((word * nz_to_top) >> 31);  // all ones where non-zero
   return nz_all & (thr_bits | (sign & ~pos_top));
 }
-}  // namespace two_bit_simd_detail
 
-/// Vectorised two_bit_dequantize.
-inline void two_bit_dequantize(simd, std::span<const std::uint32_t> words, float thr, std::span<float> out) noexcept {
-  using namespace two_bit_simd_detail;
-  const std::size_t n = out.size();
-  float* o = out.data();
-  ubatch pos_to_top[per_word], nz_to_top[per_word];
-  for (std::size_t k = 0; k < per_word; ++k) {
-    pos_to_top[k] = lane_to_top(k, 31);
-    nz_to_top[k] = lane_to_top(k, 30);
-  }
-  const ubatch thr_bits(std::bit_cast<std::uint32_t>(thr));
-  const std::size_t full = n / two_bit_lanes;
-  for (std::size_t w = 0; w < full; ++w) {
-    const ubatch word(words[w]);
-    for (std::size_t k = 0; k < per_word; ++k)
-      xsimd::bitwise_cast<fbatch>(code_values(word, pos_to_top[k], nz_to_top[k], thr_bits))
-          .store_unaligned(o + w * two_bit_lanes + k * width);
-  }
-  two_bit_dequantize(seq{}, words.subspan(full), thr, out.subspan(full * two_bit_lanes));
-}
-
-/// Vectorised two_bit_dequantize_add (out += decoded).
-inline void two_bit_dequantize_add(simd, std::span<const std::uint32_t> words, float thr,
-                                   std::span<float> out) noexcept {
-  using namespace two_bit_simd_detail;
+/// two_bit_dequantize (Add: two_bit_dequantize_add, out += decoded).
+template <bool Add>
+void dequantize(std::span<const std::uint32_t> words, float thr, std::span<float> out) noexcept {
   const std::size_t n = out.size();
   float* o = out.data();
   ubatch pos_to_top[per_word], nz_to_top[per_word];
@@ -210,11 +187,29 @@ inline void two_bit_dequantize_add(simd, std::span<const std::uint32_t> words, f
     const ubatch word(words[w]);
     for (std::size_t k = 0; k < per_word; ++k) {
       float* p = o + w * two_bit_lanes + k * width;
-      (fbatch::load_unaligned(p) + xsimd::bitwise_cast<fbatch>(code_values(word, pos_to_top[k], nz_to_top[k], thr_bits)))
-          .store_unaligned(p);
+      const fbatch v = xsimd::bitwise_cast<fbatch>(code_values(word, pos_to_top[k], nz_to_top[k], thr_bits));
+      if constexpr (Add)
+        (fbatch::load_unaligned(p) + v).store_unaligned(p);
+      else
+        v.store_unaligned(p);
     }
   }
-  two_bit_dequantize_add(seq{}, words.subspan(full), thr, out.subspan(full * two_bit_lanes));
+  if constexpr (Add)
+    two_bit_dequantize_add(seq{}, words.subspan(full), thr, out.subspan(full * two_bit_lanes));
+  else
+    two_bit_dequantize(seq{}, words.subspan(full), thr, out.subspan(full * two_bit_lanes));
+}
+}  // namespace two_bit_simd_detail
+
+/// Vectorised two_bit_dequantize.
+inline void two_bit_dequantize(simd, std::span<const std::uint32_t> words, float thr, std::span<float> out) noexcept {
+  two_bit_simd_detail::dequantize<false>(words, thr, out);
+}
+
+/// Vectorised two_bit_dequantize_add (out += decoded).
+inline void two_bit_dequantize_add(simd, std::span<const std::uint32_t> words, float thr,
+                                   std::span<float> out) noexcept {
+  two_bit_simd_detail::dequantize<true>(words, thr, out);
 }
 
 }  // namespace gradcomp::execution
