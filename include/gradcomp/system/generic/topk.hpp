@@ -435,6 +435,24 @@ std::uint32_t sampled_threshold(Policy policy, const topk_sample_plan& plan, top
   sample_into(std::span<std::uint32_t>(ws.keys));
   return topk_select_keys(policy, std::span<std::uint32_t>(ws.keys), plan.rank, ws.scratch).key;
 }
+
+/// The sampling pass of topk_exact and topk_sampled: when sampling pays (k <
+/// n and the sampled threshold t is not 0), `out` receives every index with
+/// key >= t (a superset of the top k whenever it holds at least k) and the
+/// result is true; otherwise false and `out` is untouched.
+template <class Policy>
+bool sampled_candidates(Policy policy, std::span<const float> x, std::size_t k, std::uint64_t seed,
+                        std::uint64_t stream, std::vector<std::uint32_t>& out, topk_workspace& ws) {
+  if (k >= x.size()) return false;
+  const std::uint32_t t = topk_detail::sampled_threshold(
+      policy, topk_plan_sample(x.size(), k), ws,
+      [&](std::span<std::uint32_t> keys) { topk_sample_keys(policy, x, seed, stream, keys); });
+  if (t == 0) return false;
+  out.clear();
+  out.reserve(k + k / 2 + 64);
+  topk_collect_ge(policy, x, t, out);
+  return true;
+}
 }  // namespace topk_detail
 
 /// Exact top-k of |x|: the min(k, n) largest magnitudes, lower index first
@@ -449,19 +467,9 @@ std::uint32_t sampled_threshold(Policy policy, const topk_sample_plan& plan, top
 template <class Policy>
 void topk_exact(Policy policy, std::span<const float> x, std::size_t k, std::vector<std::uint32_t>& out,
                 topk_workspace& ws, std::uint64_t seed = 0, std::uint64_t stream = 0) {
-  if (k < x.size()) {
-    const std::uint32_t t = topk_detail::sampled_threshold(
-        policy, topk_plan_sample(x.size(), k), ws,
-        [&](std::span<std::uint32_t> keys) { topk_sample_keys(policy, x, seed, stream, keys); });
-    if (t != 0) {
-      out.clear();
-      out.reserve(k + k / 2 + 64);
-      topk_collect_ge(policy, x, t, out);
-      if (out.size() >= k) {
-        topk_keep_largest(policy, x, out, k, ws, [](std::uint32_t) {});
-        return;
-      }
-    }
+  if (topk_detail::sampled_candidates(policy, x, k, seed, stream, out, ws) && out.size() >= k) {
+    topk_keep_largest(policy, x, out, k, ws, [](std::uint32_t) {});
+    return;
   }
   topk_radix(policy, x, k, out, ws);
 }
@@ -474,19 +482,10 @@ void topk_exact(Policy policy, std::span<const float> x, std::size_t k, std::vec
 template <class Policy>
 std::size_t topk_sampled(Policy policy, std::span<const float> x, std::size_t k, std::uint64_t seed,
                          std::uint64_t stream, std::vector<std::uint32_t>& out, topk_workspace& ws) {
-  if (k < x.size()) {
-    const std::uint32_t t = topk_detail::sampled_threshold(
-        policy, topk_plan_sample(x.size(), k), ws,
-        [&](std::span<std::uint32_t> keys) { topk_sample_keys(policy, x, seed, stream, keys); });
-    if (t != 0) {
-      out.clear();
-      out.reserve(k + k / 2 + 64);
-      topk_collect_ge(policy, x, t, out);
-      topk_keep_largest(policy, x, out, k, ws, [](std::uint32_t) {});
-      return out.size();
-    }
-  }
-  topk_radix(policy, x, k, out, ws);
+  if (topk_detail::sampled_candidates(policy, x, k, seed, stream, out, ws))
+    topk_keep_largest(policy, x, out, k, ws, [](std::uint32_t) {});
+  else
+    topk_radix(policy, x, k, out, ws);
   return out.size();
 }
 
