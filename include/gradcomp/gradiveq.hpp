@@ -325,6 +325,19 @@ class pca_decomposition {
   std::size_t available_ = 0;
 };
 
+/// Reads the parameter block of a saved state and compares it byte for byte
+/// with the one `write_params(writer&)` writes for this object: a state saved
+/// with other parameters is a state_error(`mismatch`).
+template <class WriteParams>
+void expect_saved_params(wire::reader& r, WriteParams&& write_params, const char* mismatch) {
+  std::vector<std::byte> mine;
+  mine.reserve(128);  // the parameters fit; also avoids a GCC 12 -Wstringop-overflow false positive
+  wire::writer pw(mine);
+  write_params(pw);
+  const auto theirs = r.get_bytes(mine.size());
+  if (!std::equal(mine.begin(), mine.end(), theirs.begin())) throw state_error(mismatch);
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------
@@ -609,13 +622,8 @@ class linear_compressor {
     wire::header h;
     reader r = wire::parse_state(bytes, wire::codec_id::gradiveq, &h);
     if (h.element_count != length_) throw state_error("gradiveq::restore_state: state is for a layer of another length");
-    std::vector<std::byte> mine;
-    mine.reserve(128);  // the parameters fit; also avoids a GCC 12 -Wstringop-overflow false positive
-    wire::writer pw(mine);
-    write_params(pw);
-    const auto theirs = r.get_bytes(mine.size());
-    if (!std::equal(mine.begin(), mine.end(), theirs.begin()))
-      throw state_error("gradiveq::restore_state: state was saved by a codec with other parameters");
+    detail::expect_saved_params(r, [&](wire::writer& w) { write_params(w); },
+                                "gradiveq::restore_state: state was saved by a codec with other parameters");
     const std::uint64_t fits = r.get<std::uint64_t>();
     const std::uint64_t seen = r.get<std::uint64_t>();
     const std::uint64_t pending = r.get<std::uint64_t>();
@@ -1050,13 +1058,8 @@ class gradiveq_schedule {
     wire::header h;
     reader r = wire::parse_state(bytes, wire::codec_id::control, &h);
     reader::check(h.element_count == 0, "gradiveq_schedule state: element count must be 0");
-    std::vector<std::byte> mine;
-    mine.reserve(128);  // the parameters fit; also avoids a GCC 12 -Wstringop-overflow false positive
-    wire::writer pw(mine);
-    write_params(pw);
-    const auto theirs = r.get_bytes(mine.size());
-    if (!std::equal(mine.begin(), mine.end(), theirs.begin()))
-      throw state_error("gradiveq_schedule::restore_state: state was saved with other options");
+    detail::expect_saved_params(r, [&](wire::writer& w) { write_params(w); },
+                                "gradiveq_schedule::restore_state: state was saved with other options");
     const auto phase = r.get<std::uint8_t>();
     const auto iteration = r.get<std::uint64_t>();
     const auto cycle = r.get<std::uint64_t>();
