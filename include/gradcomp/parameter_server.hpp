@@ -89,6 +89,14 @@ namespace gradcomp {
 // ---------------------------------------------------------------------------
 // Worker update rules: the four rows of seed 001 Table 5
 
+namespace ps_detail {
+/// Layer j's sampling seed under a rule's `seed`: distinct layers draw
+/// distinct samples.
+inline std::uint64_t layer_seed(std::uint64_t seed, std::size_t layer) noexcept {
+  return seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
+}
+}  // namespace ps_detail
+
 /// ASGD (Table 5 row 1): the dense gradient eta * grad, no momentum, no
 /// sparsification. A factory for ps_uplink: rule(j, n) builds layer j's codec.
 template <ExecutionPolicy Policy = execution::seq>
@@ -109,7 +117,7 @@ struct gd_async_rule {
     sparsifier_options o;
     o.ratio_percent = ratio_percent;
     o.mode = mode;
-    o.seed = seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
+    o.seed = ps_detail::layer_seed(seed, layer);
     o.scale = 1.0f;  // ps_uplink feeds eta * grad
     return codec_type(n, o);
   }
@@ -129,7 +137,7 @@ struct dgc_async_rule {
     sparsifier_options o;
     o.ratio_percent = ratio_percent;
     o.mode = mode;
-    o.seed = seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
+    o.seed = ps_detail::layer_seed(seed, layer);
     o.scale = 1.0f;
     o.dgc_momentum = true;
     o.momentum = momentum;
@@ -151,7 +159,7 @@ struct dgs_rule {
     o.momentum = momentum;
     o.learning_rate = 1.0f;
     o.mode = mode;
-    o.seed = seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
+    o.seed = ps_detail::layer_seed(seed, layer);
     return codec_type(n, o);
   }
 };
