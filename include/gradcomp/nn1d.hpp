@@ -143,6 +143,32 @@ inline void require_positive(index_type v, const char* what, const char* layer) 
   if (v <= 0) throw invalid_argument_error(std::string(layer) + ": " + what + " must be positive");
 }
 
+/// The geometry the two 1-D convolutions share: channels, kernel width,
+/// stride and zero padding, checked on construction (`layer` names the layer
+/// in the errors), with their accessors.
+class conv_geometry {
+ public:
+  index_type in_channels() const noexcept { return in_; }
+  index_type out_channels() const noexcept { return out_; }
+  index_type kernel() const noexcept { return kernel_; }
+  index_type stride() const noexcept { return stride_; }
+  index_type padding() const noexcept { return padding_; }
+
+ protected:
+  conv_geometry() = default;
+  conv_geometry(index_type in, index_type out, index_type kernel, index_type stride, index_type padding,
+                const char* layer)
+      : in_(in), out_(out), kernel_(kernel), stride_(stride), padding_(padding) {
+    require_positive(in, "input channels", layer);
+    require_positive(out, "output channels", layer);
+    require_positive(kernel, "kernel", layer);
+    require_positive(stride, "stride", layer);
+    if (padding < 0) throw invalid_argument_error(std::string(layer) + ": padding must be >= 0");
+  }
+
+  index_type in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, padding_ = 0;
+};
+
 template <class T>
 void check_input(const tensor<T>& x, index_type channels, const char* layer) {
   if (x.channels() != channels)
@@ -165,28 +191,17 @@ struct parameter_ref {
 /// Initialisation: Kaiming-uniform for a leaky-ReLU that follows, bound sqrt(6 / ((1 + a^2) fan_in)),
 /// fan_in = C_in * K; bias 0.
 template <class T>
-class conv1d {
+class conv1d : public detail::conv_geometry {
  public:
   conv1d() = default;
   /// A layer of `out` filters of width `kernel` over `in` channels, with the given stride and zero padding.
   conv1d(index_type in, index_type out, index_type kernel, index_type stride = 1, index_type padding = 0)
-      : in_(in), out_(out), kernel_(kernel), stride_(stride), padding_(padding) {
-    detail::require_positive(in, "input channels", "conv1d");
-    detail::require_positive(out, "output channels", "conv1d");
-    detail::require_positive(kernel, "kernel", "conv1d");
-    detail::require_positive(stride, "stride", "conv1d");
-    if (padding < 0) throw invalid_argument_error("conv1d: padding must be >= 0");
+      : conv_geometry(in, out, kernel, stride, padding, "conv1d") {
     weight = matrix<T>::Zero(out, kernel * in);
     bias = vector<T>::Zero(out);
     grad_weight = matrix<T>::Zero(out, kernel * in);
     grad_bias = vector<T>::Zero(out);
   }
-
-  index_type in_channels() const noexcept { return in_; }
-  index_type out_channels() const noexcept { return out_; }
-  index_type kernel() const noexcept { return kernel_; }
-  index_type stride() const noexcept { return stride_; }
-  index_type padding() const noexcept { return padding_; }
 
   /// Output length for an input of length `l`; throws invalid_argument_error when it would be < 1.
   index_type output_length(index_type l) const {
@@ -265,7 +280,6 @@ class conv1d {
 
  private:
   bool pointwise() const noexcept { return kernel_ == 1 && stride_ == 1 && padding_ == 0; }
-  index_type in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, padding_ = 0;
   index_type in_length_ = 0, batch_ = 0;
   matrix<T> cache_;  // im2col of the last input (or the input itself when pointwise)
   matrix<T> dcol_;
@@ -275,16 +289,11 @@ class conv1d {
 /// y = col2im(W * x) + b, with output_padding extra positions at the end.
 /// Initialisation: Kaiming-uniform with fan_in = C_in * K / S (the taps that reach one output), bias 0.
 template <class T>
-class conv_transpose1d {
+class conv_transpose1d : public detail::conv_geometry {
  public:
   conv_transpose1d() = default;
   conv_transpose1d(index_type in, index_type out, index_type kernel, index_type stride = 1, index_type padding = 0, index_type output_padding = 0)
-      : in_(in), out_(out), kernel_(kernel), stride_(stride), padding_(padding), output_padding_(output_padding) {
-    detail::require_positive(in, "input channels", "conv_transpose1d");
-    detail::require_positive(out, "output channels", "conv_transpose1d");
-    detail::require_positive(kernel, "kernel", "conv_transpose1d");
-    detail::require_positive(stride, "stride", "conv_transpose1d");
-    if (padding < 0) throw invalid_argument_error("conv_transpose1d: padding must be >= 0");
+      : conv_geometry(in, out, kernel, stride, padding, "conv_transpose1d"), output_padding_(output_padding) {
     if (output_padding < 0 || output_padding >= stride)
       throw invalid_argument_error("conv_transpose1d: output_padding must be in [0, stride)");
     weight = matrix<T>::Zero(kernel * out, in);
@@ -293,11 +302,6 @@ class conv_transpose1d {
     grad_bias = vector<T>::Zero(out);
   }
 
-  index_type in_channels() const noexcept { return in_; }
-  index_type out_channels() const noexcept { return out_; }
-  index_type kernel() const noexcept { return kernel_; }
-  index_type stride() const noexcept { return stride_; }
-  index_type padding() const noexcept { return padding_; }
   index_type output_padding() const noexcept { return output_padding_; }
 
   /// Output length for an input of length `l`; throws invalid_argument_error when it would be < 1.
@@ -355,7 +359,7 @@ class conv_transpose1d {
   vector<T> grad_bias;
 
  private:
-  index_type in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, padding_ = 0, output_padding_ = 0;
+  index_type output_padding_ = 0;
   tensor<T> cache_;  // the last input
   matrix<T> col_;
 };
