@@ -20,19 +20,15 @@
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/lgc_fixtures.hpp>
+#include <support/wire_checks.hpp>
+
 using namespace gradcomp;
 
 namespace {
 
-// A small architecture for the tests: two stride-2 layers (window / 4),
-// 2 code channels: a window of 32 values becomes 16 code floats.
-lgc_architecture small_arch() {
-  lgc_architecture a;
-  a.encoder_channels = {8, 16};
-  a.code_channels = 2;
-  a.decoder_channels = {4, 16, 8};
-  return a;
-}
+using test_support::small_arch;  // window 32 -> 16 code floats
 
 double rel_error(std::span<const float> a, std::span<const float> b) {
   double num = 0, den = 0;
@@ -243,22 +239,8 @@ std::vector<std::byte> reseal(std::uint64_t element_count, const std::vector<std
 std::vector<std::byte> body_of(const std::vector<std::byte>& msg) {
   return std::vector<std::byte>(msg.begin() + wire::header_size, msg.end());
 }
-wire::wire_errc parse_code(std::span<const std::byte> b) {
-  try {
-    (void)wire::parse<lgc_code_payload>(b);
-  } catch (const wire::wire_error& e) {
-    return e.code();
-  }
-  return wire::wire_errc{};
-}
-wire::wire_errc parse_index(std::span<const std::byte> b) {
-  try {
-    (void)wire::parse<lgc_index_payload>(b);
-  } catch (const wire::wire_error& e) {
-    return e.code();
-  }
-  return wire::wire_errc{};
-}
+wire::wire_errc parse_code(std::span<const std::byte> b) { return test_support::parse_error_of<lgc_code_payload>(b); }
+wire::wire_errc parse_index(std::span<const std::byte> b) { return test_support::parse_error_of<lgc_index_payload>(b); }
 }  // namespace
 
 TEST_CASE("lgc: malformed payloads are rejected with the right wire_errc") {
@@ -309,61 +291,30 @@ TEST_CASE("lgc: malformed payloads are rejected with the right wire_errc") {
   CHECK(parse_code(reseal(0, cbody)) == wire::wire_errc::malformed_body);   // zero values
   // Index set: header element count disagrees, an index out of range, a lying raw length, a corrupt stream.
   CHECK(parse_index(reseal(99, ibody)) == wire::wire_errc::malformed_body);
-  {
-    // The stream of {1, 5, 50} declared for a 50-element layer: index 50 is out of range.
-    const auto good_stream = ix.packed;
+  // An index-set body: kind 1, one layer of `length` elements holding 3
+  // indices, no scales, then `stream` declared to inflate to `raw_length` bytes.
+  const auto index_body = [](std::uint64_t length, std::uint64_t raw_length, std::span<const std::byte> stream) {
     std::vector<std::byte> body;
     wire::writer w(body);
     w.put<std::uint8_t>(1);
     w.put_varint(1);
-    w.put_varint(50);
+    w.put_varint(length);
     w.put_varint(3);
     w.put_varint(0);
-    w.put_varint(ix.raw_length);
-    w.put_varint(good_stream.size());
-    w.put_bytes(good_stream);
-    CHECK(parse_index(reseal(50, body)) == wire::wire_errc::malformed_body);
-  }
-  {
-    std::vector<std::byte> body;
-    wire::writer w(body);
-    w.put<std::uint8_t>(1);
-    w.put_varint(1);
-    w.put_varint(100);
-    w.put_varint(3);
-    w.put_varint(0);
-    w.put_varint(ix.raw_length + 1);  // lies about the inflated length
-    w.put_varint(ix.packed.size());
-    w.put_bytes(ix.packed);
-    CHECK(parse_index(reseal(100, body)) == wire::wire_errc::malformed_body);
-  }
-  {
-    std::vector<std::byte> body;
-    wire::writer w(body);
-    w.put<std::uint8_t>(1);
-    w.put_varint(1);
-    w.put_varint(100);
-    w.put_varint(3);
-    w.put_varint(0);
-    w.put_varint(1000000);  // far more than 5 bytes per index
-    w.put_varint(ix.packed.size());
-    w.put_bytes(ix.packed);
-    CHECK(parse_index(reseal(100, body)) == wire::wire_errc::malformed_body);
-  }
-  {
-    std::vector<std::byte> body;
-    wire::writer w(body);
-    w.put<std::uint8_t>(1);
-    w.put_varint(1);
-    w.put_varint(100);
-    w.put_varint(3);
-    w.put_varint(0);
-    w.put_varint(ix.raw_length);
-    w.put_varint(ix.packed.size());
-    std::vector<std::byte> junk(ix.packed.size(), std::byte{0xFF});
-    w.put_bytes(junk);
-    CHECK(parse_index(reseal(100, body)) == wire::wire_errc::malformed_body);
-  }
+    w.put_varint(raw_length);
+    w.put_varint(stream.size());
+    w.put_bytes(stream);
+    return body;
+  };
+  // The stream of {1, 5, 50} declared for a 50-element layer: index 50 is out of range.
+  CHECK(parse_index(reseal(50, index_body(50, ix.raw_length, ix.packed))) == wire::wire_errc::malformed_body);
+  // Lies about the inflated length.
+  CHECK(parse_index(reseal(100, index_body(100, ix.raw_length + 1, ix.packed))) == wire::wire_errc::malformed_body);
+  // Far more than 5 bytes per index.
+  CHECK(parse_index(reseal(100, index_body(100, 1000000, ix.packed))) == wire::wire_errc::malformed_body);
+  // A corrupt stream.
+  const std::vector<std::byte> junk(ix.packed.size(), std::byte{0xFF});
+  CHECK(parse_index(reseal(100, index_body(100, ix.raw_length, junk))) == wire::wire_errc::malformed_body);
   {
     std::vector<std::byte> body;
     wire::writer w(body);
@@ -398,12 +349,7 @@ TEST_CASE("lgc: the codec rejects bad input with typed errors") {
   lgc_code_payload p;
   CHECK_THROWS_AS(codec.encode(std::span<const float>(v).first(69), p), size_mismatch_error);
   v[41] = std::numeric_limits<float>::infinity();
-  try {
-    codec.encode(v, p);
-    FAIL("expected non_finite_error");
-  } catch (const non_finite_error& e) {
-    CHECK(e.index() == 41);
-  }
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { codec.encode(v, p); }) == 41);
   v[41] = 0.5f;
   codec.encode(v, p);
   CHECK(p.codes.size() == 48);

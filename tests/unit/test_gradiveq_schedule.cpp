@@ -3,6 +3,8 @@
 
 #include <gradcomp/gradiveq.hpp>
 
+#include <support/random_vectors.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -32,16 +34,11 @@ std::string run(gradiveq_schedule& s, std::size_t n) {
   return out;
 }
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using gradcomp::test_support::splitmix;
 // Counter-based standard normal for (seed, index).
 double normal(std::uint64_t seed, std::uint64_t i) {
-  const double u = (double(mix(seed * 0x9E3779B97F4A7C15ull + 2 * i) >> 11) + 0.5) * 0x1.0p-53;
-  const double v = (double(mix(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) >> 11) + 0.5) * 0x1.0p-53;
+  const double u = (double(splitmix(seed * 0x9E3779B97F4A7C15ull + 2 * i) >> 11) + 0.5) * 0x1.0p-53;
+  const double v = (double(splitmix(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) >> 11) + 0.5) * 0x1.0p-53;
   return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
 }
 

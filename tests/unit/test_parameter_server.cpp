@@ -11,6 +11,9 @@
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/two_bit.hpp>
 
+#include <support/equality.hpp>
+#include <support/ps_fixtures.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -31,52 +34,24 @@ namespace faults = transport::faults;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-float noise(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  const std::uint64_t h = mix(mix(mix(a) ^ b) ^ c);
-  return float(double(h >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-std::vector<float> make_theta0(std::size_t n, std::uint64_t seed) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = noise(seed, 0, i);
-  return v;
-}
-std::vector<float> toy_gradient(std::span<const float> model, int k, int step) {
-  std::vector<float> g(model.size());
-  for (std::size_t i = 0; i < model.size(); ++i)
-    g[i] = (model[i] - 0.5f * noise(99, 0, i)) + 0.3f * noise(7, std::uint64_t(k) * 100003 + std::uint64_t(step), i);
-  return g;
-}
-// Multiples of 2^-10 in [-8, 8): sums of a few hundred are exact in float.
-std::vector<float> dyadic_gradient(std::size_t n, int k, int step) {
-  std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto h = mix(mix(std::uint64_t(k) * 7919 + std::uint64_t(step)) ^ i);
-    g[i] = h % 5 == 0 ? 0.0f : float(static_cast<std::int64_t>(h % 16384) - 8192) / 1024.0f;
-  }
-  return g;
-}
-std::vector<float> dyadic_theta0(std::size_t n) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = float(int(mix(i) % 129) - 64) / 64.0f;
-  return v;
-}
-std::vector<int> schedule_of(int workers, int steps, std::uint64_t seed) {
-  std::vector<int> s;
-  for (int t = 0; t < steps; ++t) s.push_back(int(mix(seed + std::uint64_t(t)) % std::uint64_t(workers)));
-  return s;
-}
-int count_of(const std::vector<int>& s, int k) { return int(std::count(s.begin(), s.end(), k)); }
+// bit_equal, make_theta0, toy_gradient, dyadic_*, schedule_of, count_of, noise.
+using namespace test_support;
 
 const layer_partition layers3({37, 200, 5});
+
+// Runs `server` on rank 0 of an in-process fabric of N + 1 ranks, and
+// `worker(k, ep)` on rank k + 1 for the workers k = 0..N-1.
+template <class Server, class Worker>
+void serve_and_work(int N, Server& server, Worker worker) {
+  inproc_fabric fabric(N + 1);
+  fabric.run([&](inproc_endpoint& ep) {
+    if (ep.rank() == 0) {
+      server.serve(ep);
+      return;
+    }
+    worker(ep.rank() - 1, ep);
+  });
+}
 
 // A control message with an arbitrary body and a valid header/CRC.
 struct raw_control {
@@ -111,13 +86,7 @@ TEST_CASE("async PS over inproc, deterministic schedule: bit for bit the single-
   async_ps_server<sa_momentum<>> server(layers3, theta0, N, rule, opt);
   std::vector<std::vector<float>> models(N, theta0);
   std::vector<std::vector<ps_pull_status>> statuses(N);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     async_ps_worker<sa_momentum<>> w(layers3, rule);
     auto& model = models[std::size_t(k)];
     for (int c = 0; c < count_of(sched, k); ++c) {
@@ -146,13 +115,7 @@ TEST_CASE("async PS over inproc, free-running: nothing lost whatever the arrival
   const gd_async_rule<> rule{.ratio_percent = 10};
   async_ps_server<sparsifier_with_memory<>> server(layers3, theta0, N, rule, opt);
   std::vector<std::vector<float>> models(N, theta0), residuals(N);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     async_ps_worker<sparsifier_with_memory<>> w(layers3, rule);
     auto& model = models[std::size_t(k)];
     for (int c = 0; c < steps; ++c) w.step(ep, dyadic_gradient(model.size(), k, c), 1.0f, model);
@@ -193,13 +156,7 @@ TEST_CASE("async PS: two-bit uplink with a dense downlink (MXNet dist_async)") {
   async_ps_server<two_bit_quantizer<>> server(layers3, theta0, N, rule, opt);
   std::vector<std::vector<float>> residuals(N);
   std::vector<std::uint64_t> down(N);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     async_ps_worker<two_bit_quantizer<>> w(layers3, rule);
     std::vector<float> model(layers3.total(), 0.0f);
     w.join(ep, model);
@@ -268,13 +225,7 @@ TEST_CASE("sync PS with the dense codec: every worker receives the exact average
   const int N = 4, rounds = 5;
   std::vector<std::vector<std::vector<float>>> got(N);
   sync_ps_server<dense_codec<>> server(layers3, N, asgd_rule<>{});
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{});
     for (int r = 0; r < rounds; ++r) {
       auto g = dyadic_gradient(layers3.total(), k, r);
@@ -312,13 +263,7 @@ TEST_CASE("sync PS with sparse uplink and a re-encoded sparse downlink: nothing 
   sync_ps_server<sparsifier_with_memory<>, sparsifier_with_memory<>> server(layers3, N, up, down, opt);
   std::vector<std::vector<double>> received(N, std::vector<double>(layers3.total(), 0.0));
   std::vector<std::vector<float>> residual(N);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     sync_ps_worker<sparsifier_with_memory<>, sparsifier_with_memory<>> w(layers3, up, down);
     for (int r = 0; r < rounds; ++r) {
       auto g = dyadic_gradient(layers3.total(), k, r);
@@ -352,13 +297,7 @@ TEST_CASE("faults, sync PS: a dead worker is dropped from later rounds; a corrup
   std::vector<std::vector<ps_sync_result>> res(N);
   std::vector<std::vector<std::vector<float>>> got(N);
   sync_ps_server<dense_codec<>> server(layers3, N, asgd_rule<>{});
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     fault_plan plan(3);
     if (k == 2) plan.kill_after_sends(2);                      // pushes rounds 0 and 1, then dies
     if (k == 1) plan.flip_random_bits(faults::nth_send(3), 2);  // its round-3 push is corrupted
@@ -608,13 +547,7 @@ TEST_CASE("faults: a worker that dies mid-run stalls neither the server nor the 
   async_ps_server<sa_momentum<>> server(layers3, theta0, N, rule, opt);
   std::vector<std::vector<float>> models(N, theta0);
   std::vector<int> done(N, 0);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     fault_plan plan;
     if (k == 2) plan.kill_after_sends(4);  // dies right after its 4th push
     fault_injecting<inproc_endpoint> t(ep, plan);
@@ -691,13 +624,7 @@ TEST_CASE("faults: a corrupted push is rejected, the run goes on, and equals the
   async_ps_server<sparsifier_with_memory<>> server(layers3, theta0, N, rule, opt);
   std::vector<std::vector<float>> models(N, theta0);
   std::vector<std::vector<ps_pull_status>> statuses(N);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     fault_plan plan(5);
     if (k == 1) plan.flip_random_bits(faults::nth_send(2), 3);
     fault_injecting<inproc_endpoint> t(ep, plan);
@@ -724,13 +651,7 @@ TEST_CASE("faults: a slow worker does not hold the others back, and finishes too
   const dgs_rule<> rule{.ratio_percent = 10};
   async_ps_server<sa_momentum<>> server(layers3, theta0, N, rule);
   std::vector<std::vector<float>> models(N, theta0);
-  inproc_fabric fabric(N + 1);
-  fabric.run([&](inproc_endpoint& ep) {
-    if (ep.rank() == 0) {
-      server.serve(ep);
-      return;
-    }
-    const int k = ep.rank() - 1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     fault_plan plan;
     if (k == 0) plan.delay(faults::every_send(), 20ms);
     fault_injecting<inproc_endpoint> t(ep, plan);

@@ -8,6 +8,10 @@
 #include <gradcomp/dgs_server.hpp>
 #include <gradcomp/parameter_server.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/equality.hpp>
+#include <support/ps_fixtures.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -23,57 +27,14 @@ using namespace gradcomp;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// Uniform in [-1, 1) from (a, b, c).
-float noise(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  const std::uint64_t h = mix(mix(mix(a) ^ b) ^ c);
-  return float(double(h >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-std::vector<float> make_theta0(std::size_t n, std::uint64_t seed) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = noise(seed, 0, i);
-  return v;
-}
-
-// A gradient of a toy quadratic loss 0.5 |theta - target|^2 with noise, at `model`.
-std::vector<float> toy_gradient(std::span<const float> model, int k, int step) {
-  std::vector<float> g(model.size());
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const float target = 0.5f * noise(99, 0, i);
-    g[i] = (model[i] - target) + 0.3f * noise(7, std::uint64_t(k) * 100003 + std::uint64_t(step), i);
-  }
-  return g;
-}
-
-// Gradients that are multiples of 2^-10 in [-8, 8): sums of a few hundred stay exact in float.
-std::vector<float> dyadic_gradient(std::size_t n, int k, int step) {
-  std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto h = mix(mix(std::uint64_t(k) * 7919 + std::uint64_t(step)) ^ i);
-    g[i] = float(static_cast<std::int64_t>(h % 16384) - 8192) / 1024.0f;
-    if (h % 5 == 0) g[i] = 0.0f;  // some exact zeros
-  }
-  return g;
-}
+using test_support::bit_equal;
+using test_support::dyadic_gradient;
+using test_support::make_theta0;
+using test_support::noise;  // uniform in [-1, 1) from (a, b, c)
+using test_support::schedule_of;
+using test_support::toy_gradient;
 
 const layer_partition three_layers({37, 200, 5});
-
-// Round-robin with a twist: a fixed pseudo-random schedule of workers.
-std::vector<int> schedule_of(int workers, int steps, std::uint64_t seed) {
-  std::vector<int> s;
-  for (int t = 0; t < steps; ++t) s.push_back(int(mix(seed + std::uint64_t(t)) % std::uint64_t(workers)));
-  return s;
-}
 
 }  // namespace
 
@@ -316,12 +277,7 @@ TEST_CASE("dgs_server_state: a bad push leaves the state unchanged") {
   const auto t = s.timestamp();
   auto bad = g;
   bad[100] = std::nanf("");
-  try {
-    s.push(1, bad);
-    FAIL("no throw");
-  } catch (const non_finite_error& e) {
-    CHECK(e.index() == 100);
-  }
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { s.push(1, bad); }) == 100);
   CHECK_THROWS_AS(s.push(1, std::span<const float>(g).first(10)), size_mismatch_error);
   CHECK_THROWS_AS(s.push(2, g), invalid_argument_error);
   CHECK_THROWS_AS(s.push(-1, g), invalid_argument_error);
@@ -363,12 +319,7 @@ TEST_CASE("dgs_server_state: apply_sparse is apply() of the dense vector, bit fo
   std::vector<layer_update> g(three_layers.layers());
   g[0].indices = {1, 2};
   g[0].values = {1.0f, std::numeric_limits<float>::infinity()};
-  try {
-    a.apply_sparse(g);
-    FAIL("no throw");
-  } catch (const non_finite_error& e) {
-    CHECK(e.index() == 2);
-  }
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { a.apply_sparse(g); }) == 2);
   g[0].values = {1.0f, 2.0f};
   g[1].indices = {5, 5};
   g[1].values = {1.0f, 2.0f};
@@ -486,12 +437,7 @@ TEST_CASE("ps_uplink: lr * gradient per layer, checked before any codec runs") {
   CHECK(encodes == 2);
   auto bad = g;
   bad[4] = std::numeric_limits<float>::infinity();
-  try {
-    up.encode(bad, 0.5f, out);
-    FAIL("no throw");
-  } catch (const non_finite_error& e) {
-    CHECK(e.index() == 4);
-  }
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { up.encode(bad, 0.5f, out); }) == 4);
   // A finite gradient that overflows once scaled.
   std::vector<float> big = {1, 1, 1, 3e38f, 1};
   CHECK_THROWS_AS(up.encode(big, 10.0f, out), non_finite_error);

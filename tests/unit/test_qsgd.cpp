@@ -7,6 +7,11 @@
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/two_bit.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/equality.hpp>
+#include <support/random_vectors.hpp>
+#include <support/wire_checks.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -20,23 +25,16 @@ using wire::wire_errc;
 
 namespace {
 
+// Normal(0, sigma) floats from stream 1 of the counter RNG.
 std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, double sigma = 1.0) {
-  const auto s = detail::counter_rng(seed).stream(1);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
-    v[i] = static_cast<float>(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-  }
-  return v;
+  return test_support::normal_floats(n, seed, sigma, /*stream=*/1);
 }
 
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
+using test_support::bit_equal;
 
 bool same_payload(const qsgd_payload& a, const qsgd_payload& b) {
   return a.count == b.count && a.bits == b.bits && a.levels == b.levels && a.bucket_size == b.bucket_size &&
-         same_bits(a.norms, b.norms) && a.words == b.words;
+         bit_equal(a.norms, b.norms) && a.words == b.words;
 }
 
 std::uint32_t code_of(const qsgd_payload& p, std::size_t i) {
@@ -59,13 +57,7 @@ double analytic_error(std::span<const float> x, const qsgd_payload& p) {
 }
 
 wire_errc parse_error(std::span<const std::byte> bytes) {
-  try {
-    (void)wire::parse<qsgd_payload>(bytes);
-  } catch (const wire::wire_error& e) {
-    return e.code();
-  }
-  FAIL("parse accepted bytes it should reject");
-  return wire_errc::truncated;
+  return test_support::parse_error_of<qsgd_payload>(bytes);
 }
 
 // A qsgd message with an arbitrary body and a valid header and checksum.
@@ -330,7 +322,7 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
           b.decode(pb, db);
           a.decode_add(pa, sa);
           b.decode_add(pb, sb);
-          mismatches += !same_bits(da, db) + !same_bits(sa, sb);
+          mismatches += !bit_equal(da, db) + !bit_equal(sa, sb);
         }
       }
     }
@@ -574,12 +566,7 @@ TEST_CASE_TEMPLATE("bad input: parameters, non-finite gradients, overflowing nor
       auto g = normal_floats(n, 2);
       g[bad] = v;
       if (bad + 3 < n) g[bad + 3] = v;
-      try {
-        q.encode(g, p);
-        FAIL("encode accepted a non-finite gradient");
-      } catch (const non_finite_error& e) {
-        CHECK(e.index() == bad);
-      }
+      CHECK(gradcomp::test_support::non_finite_index_of([&] { q.encode(g, p); }) == bad);
       CHECK(q.step() == 0);
     }
   }
@@ -618,7 +605,7 @@ TEST_CASE("decode_add sums several workers' payloads; any instance decodes any p
     q.decode(p, out);
     for (std::size_t i = 0; i < n; ++i) expect[i] += out[i];
   }
-  CHECK(same_bits(sum, expect));
+  CHECK(bit_equal(sum, expect));
 }
 
 TEST_CASE("codes_valid agrees with a per-code check on random words") {

@@ -7,6 +7,8 @@
 #include <gradcomp/transport/fault_injection.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
+#include <support/equality.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -128,15 +130,27 @@ std::vector<std::vector<float>> random_inputs(int n, std::size_t len, std::uint3
   return v;
 }
 
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
+using gradcomp::test_support::bit_equal;
 
 const std::vector<std::size_t>& lengths_for(int n) {
   static std::vector<std::size_t> out;
   std::set<std::size_t> s{0, 1, std::size_t(n - 1), std::size_t(n + 1), 1000, 1001, 7, 33, std::size_t(3 * n + 2)};
   out.assign(s.begin(), s.end());
   return out;
+}
+
+// Calls fn(zero_copy, n, len) over both ring paths, N = 1..8 and every length
+// of lengths_for(N), with the three captured for failure messages.
+template <class Fn>
+void for_each_ring_case(Fn fn) {
+  for (bool zero_copy : {false, true})
+    for (int n = 1; n <= 8; ++n)
+      for (std::size_t len : lengths_for(n)) {
+        CAPTURE(n);
+        CAPTURE(zero_copy);
+        CAPTURE(len);
+        fn(zero_copy, n, len);
+      }
 }
 
 }  // namespace
@@ -181,39 +195,29 @@ TEST_CASE("ring_schedule: the steps chain into Algorithm 1 of seed 002") {
 }
 
 TEST_CASE("ring_allreduce: exact sums of integer-valued floats, N = 1..8, many lengths") {
-  for (bool zero_copy : {false, true})
-  for (int n = 1; n <= 8; ++n)
-    for (std::size_t len : lengths_for(n)) {
-      CAPTURE(n);
-      CAPTURE(zero_copy);
-      CAPTURE(len);
-      std::vector<std::vector<float>> data(static_cast<std::size_t>(n), std::vector<float>(len));
-      std::vector<float> expected(len, 0.0f);
-      for (int r = 0; r < n; ++r)
-        for (std::size_t i = 0; i < len; ++i) {
-          data[std::size_t(r)][i] = int_input(r, i);
-          expected[i] += int_input(r, i);
-        }
-      run_ring(n, data, zero_copy);
-      for (int r = 0; r < n; ++r) CHECK(data[std::size_t(r)] == expected);
-    }
+  for_each_ring_case([](bool zero_copy, int n, std::size_t len) {
+    std::vector<std::vector<float>> data(static_cast<std::size_t>(n), std::vector<float>(len));
+    std::vector<float> expected(len, 0.0f);
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < len; ++i) {
+        data[std::size_t(r)][i] = int_input(r, i);
+        expected[i] += int_input(r, i);
+      }
+    run_ring(n, data, zero_copy);
+    for (int r = 0; r < n; ++r) CHECK(data[std::size_t(r)] == expected);
+  });
 }
 
 TEST_CASE("ring_allreduce: random floats end bit-identical on every rank") {
-  for (bool zero_copy : {false, true})
-  for (int n = 1; n <= 8; ++n)
-    for (std::size_t len : lengths_for(n)) {
-      CAPTURE(n);
-      CAPTURE(zero_copy);
-      CAPTURE(len);
-      auto data = random_inputs(n, len, static_cast<std::uint32_t>(n * 1000 + len));
-      std::vector<double> reference(len, 0.0);
-      for (auto& v : data)
-        for (std::size_t i = 0; i < len; ++i) reference[i] += v[i];
-      run_ring(n, data, zero_copy);
-      for (int r = 1; r < n; ++r) CHECK(bit_equal(data[std::size_t(r)], data[0]));
-      for (std::size_t i = 0; i < len; ++i) CHECK(data[0][i] == doctest::Approx(reference[i]).epsilon(1e-4));
-    }
+  for_each_ring_case([](bool zero_copy, int n, std::size_t len) {
+    auto data = random_inputs(n, len, static_cast<std::uint32_t>(n * 1000 + len));
+    std::vector<double> reference(len, 0.0);
+    for (auto& v : data)
+      for (std::size_t i = 0; i < len; ++i) reference[i] += v[i];
+    run_ring(n, data, zero_copy);
+    for (int r = 1; r < n; ++r) CHECK(bit_equal(data[std::size_t(r)], data[0]));
+    for (std::size_t i = 0; i < len; ++i) CHECK(data[0][i] == doctest::Approx(reference[i]).epsilon(1e-4));
+  });
 }
 
 TEST_CASE("ring_allreduce: average divides by N, identically on every rank") {

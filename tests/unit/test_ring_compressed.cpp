@@ -16,6 +16,9 @@
 #include <gradcomp/two_bit.hpp>
 #include <gradcomp/detail/random.hpp>
 
+#include <support/equality.hpp>
+#include <support/ring_fixtures.hpp>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -34,7 +37,6 @@ using gradcomp::gradiveq_payload;
 using gradcomp::linear_compressor;
 using gradcomp::ring_options;
 using gradcomp::ring_stats;
-using gradcomp::detail::counter_rng;
 using gradcomp::transport::fault_injecting;
 using gradcomp::transport::fault_plan;
 using gradcomp::transport::inproc_endpoint;
@@ -49,87 +51,9 @@ namespace {
 
 using vec = std::vector<float>;
 
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-
-// Gaussian-ish values from the counter-based generator (deterministic).
-vec gaussian(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
-  const auto s = counter_rng(seed).stream(0);
-  vec v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = std::max(s.uniform_double(2 * i), 1e-300), u2 = s.uniform_double(2 * i + 1);
-    v[i] = scale * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-  return v;
-}
-
-std::vector<vec> inputs(int n, std::size_t len, std::uint64_t seed, float scale = 1.0f) {
-  std::vector<vec> v;
-  for (int r = 0; r < n; ++r) v.push_back(gaussian(len, seed * 131 + std::uint64_t(r), scale));
-  return v;
-}
-
-vec exact_sum(const std::vector<vec>& x) {
-  vec s(x.front().size(), 0.0f);
-  std::vector<double> acc(s.size(), 0.0);
-  for (const auto& v : x)
-    for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
-  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>(acc[i]);
-  return s;
-}
-
-double rel_error(std::span<const float> got, std::span<const float> want) {
-  double e = 0, w = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    e += (double(got[i]) - double(want[i])) * (double(got[i]) - double(want[i]));
-    w += double(want[i]) * double(want[i]);
-  }
-  return w > 0 ? std::sqrt(e / w) : std::sqrt(e);
-}
-
-// Low-rank slices of length K around a mean plus small noise, as gradients
-// with the linear correlation GradiVeQ exploits (seed 002, Sec. 1).
-struct low_rank_layer {
-  std::size_t K, rank, length;
-  vec basis, mean;  // K x rank column-major, K
-  low_rank_layer(std::size_t k, std::size_t r, std::size_t len, std::uint64_t seed)
-      : K(k), rank(r), length(len), basis(gaussian(k * r, seed)), mean(gaussian(k, seed + 7, 0.3f)) {}
-  vec sample(std::uint64_t seed, float noise = 1e-3f) const {
-    vec out(length);
-    const auto s = counter_rng(seed).stream(1);
-    const vec eps = gaussian(length, seed + 99, noise);
-    for (std::size_t m = 0; m * K < length; ++m) {
-      for (std::size_t i = 0; i < K && m * K + i < length; ++i) {
-        double x = mean[i];
-        for (std::size_t j = 0; j < rank; ++j)
-          x += basis[j * K + i] * (2.0 * s.uniform_double(m * rank + j) - 1.0) / (1.0 + double(j));
-        out[m * K + i] = static_cast<float>(x) + eps[m * K + i];
-      }
-    }
-    return out;
-  }
-};
-
-// A GradiVeQ codec for `layer` and a ring of n, fitted (as in training) on
-// aggregated samples: sums of n nodes' gradients.
-linear_compressor<> fitted_codec(const low_rank_layer& layer, std::size_t n, std::size_t samples = 12) {
-  gradiveq_options o;
-  o.slice_size = layer.K;
-  o.summands = n;
-  o.lambda = 0.001;
-  linear_compressor<> c(layer.length, o);
-  for (std::size_t t = 0; t < samples; ++t) {
-    vec sum(layer.length, 0.0f);
-    for (std::size_t r = 0; r < n; ++r) {
-      const vec g = layer.sample(1000 + 64 * t + r);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
-    }
-    c.add_sample(sum);
-  }
-  c.fit();
-  return c;
-}
+// bit_equal, inputs (rank r: counter_gaussian(len, seed * 131 + r)), exact_sum, rel_error,
+// low_rank_layer, fitted_codec, rank_samples, compressed_domain_sum.
+using namespace gradcomp::test_support;
 
 // Runs `fn(rank, transport)` on n in-process workers, each with its stats slot.
 template <class Fn>
@@ -191,17 +115,10 @@ TEST_CASE("linear ring: GradiVeQ result == decode(sum of encodes) on every node,
       CAPTURE(n);
       CAPTURE(tail);
       const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
-      std::vector<vec> x;
-      for (int r = 0; r < n; ++r) x.push_back(layer.sample(5000 + std::uint64_t(r)));
+      std::vector<vec> x = rank_samples(layer, n, 5000);
       // Reference: encode each whole layer, sum in the compressed domain, decode once.
-      gradiveq_payload acc, tmp;
-      codec.encode(x[0], acc);
-      for (int r = 1; r < n; ++r) {
-        codec.encode(x[std::size_t(r)], tmp);
-        codec.accumulate(acc, tmp);
-      }
-      vec reference(layer.length);
-      codec.decode(acc, reference);
+      gradiveq_payload acc;
+      const vec reference = compressed_domain_sum(codec, x, &acc);
       const vec truth = exact_sum(x);
 
       std::vector<std::size_t> own_bytes(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n));
@@ -234,16 +151,8 @@ TEST_CASE("linear ring: segments hold whole slices, empty segments when N > slic
     const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
     const auto b = codec.segment_bounds(static_cast<std::size_t>(n));
     for (std::size_t j = 0; j + 1 < b.size(); ++j) CHECK(b[j] % K == 0);
-    std::vector<vec> x;
-    for (int r = 0; r < n; ++r) x.push_back(layer.sample(800 + std::uint64_t(r)));
-    gradiveq_payload acc, tmp;
-    codec.encode(x[0], acc);
-    for (int r = 1; r < n; ++r) {
-      codec.encode(x[std::size_t(r)], tmp);
-      codec.accumulate(acc, tmp);
-    }
-    vec reference(layer.length);
-    codec.decode(acc, reference);
+    std::vector<vec> x = rank_samples(layer, n, 800);
+    vec reference = compressed_domain_sum(codec, x);
     for (float& v : reference) v /= float(n);
     on_ring(n, [&](int r, inproc_endpoint& ep) {
       auto mine = codec;
@@ -260,8 +169,7 @@ TEST_CASE("linear ring: the own-encode observer sees every segment once (eq. 7 l
   const int n = 4;
   const low_rank_layer layer(16, 3, 16 * 9 + 3, 5);
   const auto codec = fitted_codec(layer, n);
-  std::vector<vec> x;
-  for (int r = 0; r < n; ++r) x.push_back(layer.sample(70 + std::uint64_t(r)));
+  std::vector<vec> x = rank_samples(layer, n, 70);
   std::vector<std::vector<int>> seen(n);
   std::vector<double> loss(n, 0.0), whole(n, 0.0);
   for (int r = 0; r < n; ++r) {
@@ -298,9 +206,7 @@ TEST_CASE("linear ring: over an emulated link, same bits, and the bytes on the w
   const int n = 3;
   const low_rank_layer layer(16, 3, 16 * 10, 9);
   const auto codec = fitted_codec(layer, n);
-  std::vector<vec> a, b;
-  for (int r = 0; r < n; ++r) a.push_back(layer.sample(90 + std::uint64_t(r)));
-  b = a;
+  std::vector<vec> a = rank_samples(layer, n, 90), b = a;
   emulated_network net(n, {.bits_per_second = 1e9, .latency = 5us});
   std::vector<std::size_t> sent(n);
   on_ring(n, [&](int r, inproc_endpoint& ep) {
@@ -698,7 +604,7 @@ TEST_CASE("baselines: corrupted, truncated, oversized and mismatched payloads ar
             if (mode == 2) len = 230;  // disagrees on the length
           }
           fault_injecting<inproc_endpoint> t(ep, plan);
-          vec y = gaussian(len, 3 + std::uint64_t(r));
+          vec y = counter_gaussian(len, 3 + std::uint64_t(r));
           if (form == 0) {
             auto codecs = gradcomp::make_ring_codecs(n, len, [&](int j, std::size_t) {
               return gradcomp::qsgd<>({.bits = 4, .bucket_size = 64, .seed = seed_of(r, j)});

@@ -13,6 +13,11 @@
 
 #include <gradcomp/samomentum.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/equality.hpp>
+#include <support/random_vectors.hpp>
+#include <support/topk_reference.hpp>
+
 namespace {
 
 using namespace gradcomp;
@@ -22,50 +27,14 @@ static_assert(DecodeAddCodec<sa_momentum<>>);
 static_assert(StatefulCodec<sa_momentum<execution::simd>>);
 static_assert(std::is_same_v<sa_momentum<>::payload_type, sparsifier_with_memory<>::payload_type>);
 
-std::vector<std::uint32_t> reference_topk(const std::vector<float>& x, std::size_t k) {
-  std::vector<std::uint32_t> order(x.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  order.resize(std::min(k, x.size()));
-  std::sort(order.begin(), order.end());
-  return order;
-}
+using test_support::is_exact_top;
+using test_support::reference_topk;  // the k largest |x|, lower index first among ties (full sort)
 
-/// O(n) check that `sel` (increasing indices) is the exact top-|sel| of |x|
-/// with the lower-index tie rule: every selected magnitude >= every other,
-/// and at the smallest selected magnitude no unselected index precedes a selected one.
-bool is_exact_top(const std::vector<float>& x, const std::vector<std::uint32_t>& sel) {
-  if (!std::is_sorted(sel.begin(), sel.end()) || std::adjacent_find(sel.begin(), sel.end()) != sel.end()) return false;
-  if (sel.empty()) return true;
-  std::vector<char> in(x.size(), 0);
-  float t = std::numeric_limits<float>::infinity();
-  for (auto i : sel) {
-    in[i] = 1;
-    t = std::min(t, std::fabs(x[i]));
-  }
-  std::size_t last_selected_tie = 0, first_unselected_tie = x.size();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float a = std::fabs(x[i]);
-    if (!in[i] && a > t) return false;
-    if (a == t) {
-      if (in[i]) last_selected_tie = i;
-      else first_unselected_tie = std::min(first_unselected_tie, i);
-    }
-  }
-  return first_unselected_tie > last_selected_tie;
-}
-
+// n draws of Normal(0, scale) from gen.
 std::vector<float> normal(std::mt19937& gen, std::size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> g(n);
-  for (auto& v : g) v = d(gen);
-  return g;
+  return test_support::mt_normal(gen, n, scale);
 }
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
+using test_support::bit_equal;
 
 /// m*u + eta*g rounded as the codec rounds it (two products, one sum). The
 /// volatiles keep the compiler from fusing a product and the sum into an FMA
@@ -110,7 +79,7 @@ TEST_CASE("exact mode follows Alg. 3: u = m u + eta g, send top-k of |u|, unsent
     }
     for (std::size_t i = 0; i < n; ++i)
       if (!is_sent[i]) u[i] = u[i] * (1.0f / m);  // eq. 15, second case
-    REQUIRE(same_bits(u, codec.velocity()));
+    REQUIRE(bit_equal(u, codec.velocity()));
   }
 }
 
@@ -142,8 +111,8 @@ TEST_CASE("exact mode when the sampled bracket misses: radix fallback, rest resc
   b.encode(g, pb);
   CHECK(pa.indices == want);
   CHECK(pb.indices == want);
-  CHECK(same_bits(u, a.velocity()));
-  CHECK(same_bits(u, b.velocity()));
+  CHECK(bit_equal(u, a.velocity()));
+  CHECK(bit_equal(u, b.velocity()));
 }
 
 TEST_CASE("eq. 16: a coordinate sent at c and next at c+T sends m*u_c + eta*(sum of the T gradients)") {
@@ -236,9 +205,9 @@ TEST_CASE("R = 100% equals dense momentum SGD's velocity (eq. 8)") {
     b.encode(g, pb);
     CHECK(pa.nnz() == n);
     a.decode(pa, decoded);
-    CHECK(same_bits(u, decoded));
-    CHECK(same_bits(u, a.velocity()));
-    CHECK(same_bits(u, b.velocity()));
+    CHECK(bit_equal(u, decoded));
+    CHECK(bit_equal(u, a.velocity()));
+    CHECK(bit_equal(u, b.velocity()));
   }
 }
 
@@ -263,7 +232,7 @@ TEST_CASE("sampled mode: density near R, selection is the exact top of its size"
       for (auto i : p.indices) sent[i] = 1;
       for (std::size_t i = 0; i < n; ++i)
         if (!sent[i]) u[i] = u[i] * (1.0f / m);
-      CHECK(same_bits(u, codec.velocity()));
+      CHECK(bit_equal(u, codec.velocity()));
       density += codec.last_density();
     }
     CAPTURE(ratio);
@@ -284,8 +253,8 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
         a.encode(g, pa);
         b.encode(g, pb);
         CHECK(pa.indices == pb.indices);
-        CHECK(same_bits(pa.values, pb.values));
-        CHECK(same_bits(a.velocity(), b.velocity()));
+        CHECK(bit_equal(pa.values, pb.values));
+        CHECK(bit_equal(a.velocity(), b.velocity()));
       }
     }
   }
@@ -327,9 +296,9 @@ TEST_CASE("state save/restore resumes bit-exactly, learning rate included") {
       a.encode(g, pa);
       b.encode(g, pb);
       CHECK(pa.indices == pb.indices);
-      CHECK(same_bits(pa.values, pb.values));
+      CHECK(bit_equal(pa.values, pb.values));
     }
-    CHECK(same_bits(a.velocity(), b.velocity()));
+    CHECK(bit_equal(a.velocity(), b.velocity()));
     CHECK(a.steps() == b.steps());
   }
 }
@@ -374,13 +343,8 @@ TEST_CASE("bad parameters and inputs") {
   codec.encode(g, p);
   const std::vector<float> before(codec.velocity().begin(), codec.velocity().end());
   g[40] = std::numeric_limits<float>::quiet_NaN();
-  try {
-    codec.encode(g, p);
-    FAIL("expected non_finite_error");
-  } catch (const non_finite_error& e) {
-    CHECK(e.index() == 40);
-  }
-  CHECK(same_bits(before, codec.velocity()));
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { codec.encode(g, p); }) == 40);
+  CHECK(bit_equal(before, codec.velocity()));
   CHECK(codec.steps() == 1);
   std::vector<float> out(63);
   CHECK_THROWS_AS(codec.decode(p, out), size_mismatch_error);
@@ -393,5 +357,5 @@ TEST_CASE("bad parameters and inputs") {
   auto truncated = codec.save_state();
   truncated.pop_back();
   CHECK_THROWS_AS(codec.restore_state(truncated), wire::wire_error);
-  CHECK(same_bits(before, codec.velocity()));
+  CHECK(bit_equal(before, codec.velocity()));
 }

@@ -15,6 +15,11 @@
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/sparsify.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/equality.hpp>
+#include <support/random_vectors.hpp>
+#include <support/topk_reference.hpp>
+
 namespace {
 
 using namespace gradcomp;
@@ -26,56 +31,19 @@ static_assert(StatefulCodec<sparsifier_with_memory<execution::simd>>);
 static_assert(!LinearCodec<sparsifier_with_memory<>>);
 static_assert(wire::WirePayload<sparse_coo_payload>);
 
-std::vector<std::uint32_t> reference_topk(const std::vector<float>& x, std::size_t k) {
-  std::vector<std::uint32_t> order(x.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  order.resize(std::min(k, x.size()));
-  std::sort(order.begin(), order.end());
-  return order;
-}
-
-/// O(n) check that `sel` (increasing indices) is the exact top-|sel| of |x|
-/// with the lower-index tie rule: every selected magnitude >= every other,
-/// and at the smallest selected magnitude no unselected index precedes a selected one.
-bool is_exact_top(const std::vector<float>& x, const std::vector<std::uint32_t>& sel) {
-  if (!std::is_sorted(sel.begin(), sel.end()) || std::adjacent_find(sel.begin(), sel.end()) != sel.end()) return false;
-  if (sel.empty()) return true;
-  std::vector<char> in(x.size(), 0);
-  float t = std::numeric_limits<float>::infinity();
-  for (auto i : sel) {
-    in[i] = 1;
-    t = std::min(t, std::fabs(x[i]));
-  }
-  std::size_t last_selected_tie = 0, first_unselected_tie = x.size();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float a = std::fabs(x[i]);
-    if (!in[i] && a > t) return false;
-    if (a == t) {
-      if (in[i]) last_selected_tie = i;
-      else first_unselected_tie = std::min(first_unselected_tie, i);
-    }
-  }
-  return first_unselected_tie > last_selected_tie;
-}
+using test_support::is_exact_top;
+using test_support::reference_topk;  // the k largest |x|, lower index first among ties (full sort)
 
 struct gradient_source {
   std::mt19937 gen;
   explicit gradient_source(std::uint32_t seed) : gen(seed) {}
-  std::vector<float> next(std::size_t n, float scale = 1.0f) {
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> g(n);
-    for (auto& v : g) v = d(gen);
-    return g;
-  }
+  std::vector<float> next(std::size_t n, float scale = 1.0f) { return test_support::mt_normal(gen, n, scale); }
 };
 
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
+using test_support::bit_equal;
+
 bool same_payload(const sparse_coo_payload& a, const sparse_coo_payload& b) {
-  return a.length == b.length && a.indices == b.indices && same_bits(a.values, b.values);
+  return a.length == b.length && a.indices == b.indices && bit_equal(a.values, b.values);
 }
 
 /// A message with a hand-made sparse_coo body and a valid header and CRC.
@@ -169,7 +137,7 @@ TEST_CASE("exact mode sends exactly the k largest |r + g| and keeps the rest") {
       CHECK(p.values[j] == r[want[j]]);
       r[want[j]] = 0.0f;
     }
-    CHECK(same_bits(r, codec.residual()));
+    CHECK(bit_equal(r, codec.residual()));
   }
 }
 
@@ -197,7 +165,7 @@ TEST_CASE("exact mode stays exact when the sampled bracket misses (radix fallbac
   b.encode(g, pb);
   CHECK(pa.indices == reference_topk(g, k));
   CHECK(same_payload(pa, pb));
-  CHECK(same_bits(a.residual(), b.residual()));
+  CHECK(bit_equal(a.residual(), b.residual()));
   // The sampled mode takes the candidates only.
   o.mode = threshold_mode::sampled;
   sparsifier_with_memory<execution::simd> c(n, o);
@@ -264,8 +232,8 @@ TEST_CASE("DGC mode: momentum correction and momentum-factor masking") {
       u[want[j]] = 0.0f;
       v[want[j]] = 0.0f;
     }
-    CHECK(same_bits(v, codec.residual()));
-    CHECK(same_bits(u, codec.velocity()));
+    CHECK(bit_equal(v, codec.residual()));
+    CHECK(bit_equal(u, codec.velocity()));
   }
 }
 
@@ -288,8 +256,8 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
         a.encode(g, pa);
         b.encode(g, pb);
         CHECK(same_payload(pa, pb));
-        CHECK(same_bits(a.residual(), b.residual()));
-        CHECK(same_bits(a.velocity(), b.velocity()));
+        CHECK(bit_equal(a.residual(), b.residual()));
+        CHECK(bit_equal(a.velocity(), b.velocity()));
       }
     }
   }
@@ -320,7 +288,7 @@ TEST_CASE("COO payload round-trips through wire with both index encodings") {
       std::vector<float> a(n), b(n);
       codec.decode(p, a);
       codec.decode(q, b);
-      CHECK(same_bits(a, b));
+      CHECK(bit_equal(a, b));
     }
   }
   // Edge cases: empty layer, nothing sent, everything sent, index 0 and n-1.
@@ -472,8 +440,8 @@ TEST_CASE("state save/restore resumes bit-exactly") {
         b.encode(g, pb);
         CHECK(same_payload(pa, pb));
       }
-      CHECK(same_bits(a.residual(), b.residual()));
-      CHECK(same_bits(a.velocity(), b.velocity()));
+      CHECK(bit_equal(a.residual(), b.residual()));
+      CHECK(bit_equal(a.velocity(), b.velocity()));
     }
   }
 }
@@ -519,7 +487,7 @@ TEST_CASE("restore_state rejects bad states and changes nothing") {
     std::memcpy(body.data() + 36, &nan, 4);
   });
   CHECK_THROWS_AS(b.restore_state(nan_residual), wire::wire_error);
-  CHECK(same_bits(before, b.residual()));
+  CHECK(bit_equal(before, b.residual()));
   CHECK(b.steps() == 1);
 }
 
@@ -562,14 +530,9 @@ TEST_CASE("bad parameters and inputs") {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
     g[63] = bad;
-    try {
-      codec.encode(g, p);
-      FAIL("expected non_finite_error");
-    } catch (const non_finite_error& e) {
-      CHECK(e.index() == 63);
-    }
+    CHECK(gradcomp::test_support::non_finite_index_of([&] { codec.encode(g, p); }) == 63);
   }
-  CHECK(same_bits(before, codec.residual()));
+  CHECK(bit_equal(before, codec.residual()));
   CHECK(codec.steps() == 1);
 }
 

@@ -19,6 +19,9 @@
 #include <gradcomp/two_bit.hpp>
 #include <gradcomp/wire.hpp>
 
+#include <support/equality.hpp>
+#include <support/random_vectors.hpp>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -44,16 +47,7 @@ static_assert(ex::thrust_system_uses_host_memory<ex::thrust_omp::thrust_policy_t
 static_assert(ex::thrust_system_uses_host_memory<ex::thrust_cpp::thrust_policy_type>);
 static_assert(ex::thrust_available);
 
-// Normal(0, sigma) floats from the counter RNG (Box-Muller in double).
-std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, double sigma = 1.0) {
-  const auto s = detail::counter_rng(seed).stream(0);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
-    v[i] = static_cast<float>(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-  }
-  return v;
-}
+using test_support::normal_floats;  // Normal(0, sigma) from stream 0 of the counter RNG
 
 // Many exact ties: multiples of 1/4 in [-2, 2], about a third of them zero.
 std::vector<float> tied_floats(std::size_t n, std::uint64_t seed) {
@@ -72,9 +66,7 @@ std::vector<std::vector<float>> gradients(std::size_t n, std::size_t steps, std:
   return g;
 }
 
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
+using test_support::bit_equal;
 
 // What a codec produced over a run: per step the serialized payload, decode
 // and decode_add (onto the gradient), and the saved state at the end.
@@ -106,8 +98,8 @@ void check_same(const run_record& a, const run_record& b) {
   for (std::size_t t = 0; t < a.payloads.size(); ++t) {
     CAPTURE(t);
     CHECK(a.payloads[t] == b.payloads[t]);
-    CHECK(same_bits(a.decoded[t], b.decoded[t]));
-    CHECK(same_bits(a.added[t], b.added[t]));
+    CHECK(bit_equal(a.decoded[t], b.decoded[t]));
+    CHECK(bit_equal(a.added[t], b.added[t]));
   }
   CHECK(a.state == b.state);
 }
@@ -168,7 +160,7 @@ TEST_CASE("thrust kernels: add_into and find_non_finite equal seq") {
     const auto x = normal_floats(n, 2);
     ex::add_into(ex::seq{}, std::span<float>(a), std::span<const float>(x));
     ex::add_into(ex::thrust_omp{}, std::span<float>(b), std::span<const float>(x));
-    CHECK(same_bits(a, b));
+    CHECK(bit_equal(a, b));
     CHECK(ex::find_non_finite(ex::thrust_omp{}, std::span<const float>(x)) == n);
   }
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
@@ -458,7 +450,7 @@ TEST_CASE("thrust GradiVeQ: products within rounding of seq, bit-identical acros
     CHECK(wire::serialize(pc) == wire::serialize(po1));
     CHECK(wire::serialize(po1) == wire::serialize(po2));
     REQUIRE(ps.coefficients.size() == po1.coefficients.size());
-    CHECK(same_bits(ps.tail, po1.tail));
+    CHECK(bit_equal(ps.tail, po1.tail));
     CHECK(ps.fingerprint == po1.fingerprint);
     CHECK(max_abs_diff(ps.coefficients, po1.coefficients) <= 1e-5f * max_abs(ps.coefficients));
     // Decode (and decode_add) the seq payload under both policies.
@@ -469,8 +461,8 @@ TEST_CASE("thrust GradiVeQ: products within rounding of seq, bit-identical acros
     co.decode(ps, dO1);
     omp_set_num_threads(2);
     co.decode(ps, dO2);
-    CHECK(same_bits(dc, dO1));
-    CHECK(same_bits(dO1, dO2));
+    CHECK(bit_equal(dc, dO1));
+    CHECK(bit_equal(dO1, dO2));
     CHECK(max_abs_diff(ds, dO1) <= 1e-5f * max_abs(ds));
     std::vector<float> as = g, ao = g;
     cs.decode_add(ps, as);

@@ -14,52 +14,20 @@
 
 #include <gradcomp/sparsify.hpp>  // includes the topk kernels of every configured backend
 
+#include <support/random_vectors.hpp>
+#include <support/topk_reference.hpp>
+
 namespace {
 
 using namespace gradcomp;
 using execution::topk_workspace;
 
-/// The k largest |x|, lower index first among ties, as increasing indices (full sort).
-std::vector<std::uint32_t> reference_topk(const std::vector<float>& x, std::size_t k) {
-  std::vector<std::uint32_t> order(x.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  order.resize(std::min(k, x.size()));
-  std::sort(order.begin(), order.end());
-  return order;
-}
+using test_support::is_exact_top;
+using test_support::reference_topk;  // the k largest |x|, lower index first among ties (full sort)
 
-/// O(n) check that `sel` (increasing indices) is the exact top-|sel| of |x|
-/// with the lower-index tie rule: every selected magnitude >= every other,
-/// and at the smallest selected magnitude no unselected index precedes a selected one.
-bool is_exact_top(const std::vector<float>& x, const std::vector<std::uint32_t>& sel) {
-  if (!std::is_sorted(sel.begin(), sel.end()) || std::adjacent_find(sel.begin(), sel.end()) != sel.end()) return false;
-  if (sel.empty()) return true;
-  std::vector<char> in(x.size(), 0);
-  float t = std::numeric_limits<float>::infinity();
-  for (auto i : sel) {
-    in[i] = 1;
-    t = std::min(t, std::fabs(x[i]));
-  }
-  std::size_t last_selected_tie = 0, first_unselected_tie = x.size();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float a = std::fabs(x[i]);
-    if (!in[i] && a > t) return false;
-    if (a == t) {
-      if (in[i]) last_selected_tie = i;
-      else first_unselected_tie = std::min(first_unselected_tie, i);
-    }
-  }
-  return first_unselected_tie > last_selected_tie;
-}
-
+// n draws of Normal(0, scale) from a fresh std::mt19937(seed).
 std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> x(n);
-  for (auto& v : x) v = d(gen);
-  return x;
+  return test_support::mt_normal(seed, n, scale);
 }
 
 template <class Policy>

@@ -5,6 +5,11 @@
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/two_bit.hpp>
 
+#include <support/error_checks.hpp>
+#include <support/equality.hpp>
+#include <support/random_vectors.hpp>
+#include <support/wire_checks.hpp>
+
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -16,21 +21,9 @@ using wire::wire_errc;
 
 namespace {
 
-// Normal(0, sigma) floats from the counter RNG (Box-Muller in double).
-std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, double sigma = 1.0) {
-  const auto s = detail::counter_rng(seed).stream(0);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
-    v[i] = static_cast<float>(sigma * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
-  }
-  return v;
-}
+using test_support::normal_floats;  // Normal(0, sigma) from stream 0 of the counter RNG
 
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return false;
-  return a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
+using test_support::bit_equal;
 
 bool same_payload(const two_bit_payload& a, const two_bit_payload& b) {
   return a.count == b.count && std::bit_cast<std::uint32_t>(a.threshold) == std::bit_cast<std::uint32_t>(b.threshold) &&
@@ -38,21 +31,10 @@ bool same_payload(const two_bit_payload& a, const two_bit_payload& b) {
 }
 
 wire_errc parse_error(std::span<const std::byte> bytes) {
-  try {
-    (void)wire::parse<two_bit_payload>(bytes);
-  } catch (const wire::wire_error& e) {
-    return e.code();
-  }
-  FAIL("parse accepted bytes it should reject");
-  return wire_errc::truncated;
+  return test_support::parse_error_of<two_bit_payload>(bytes);
 }
 
-// Recomputes the CRC after a deliberate edit so the check behind it is reached.
-void reseal(std::vector<std::byte>& bytes) {
-  auto span = std::span<const std::byte>(bytes);
-  const std::uint32_t crc = wire::crc32c(wire::crc32c(0, span.first(28)), span.subspan(wire::header_size));
-  std::memcpy(bytes.data() + 28, &crc, 4);
-}
+using test_support::reseal;  // recomputes the CRC after a deliberate edit
 
 // A two-bit message with an arbitrary body and a valid header and checksum.
 struct raw_two_bit {
@@ -165,14 +147,14 @@ TEST_CASE("simd kernels equal seq kernels bit for bit (words, thresholds, residu
         a.encode(g, pa);
         b.encode(g, pb);
         REQUIRE(same_payload(pa, pb));
-        REQUIRE(same_bits(a.residual(), b.residual()));
+        REQUIRE(bit_equal(a.residual(), b.residual()));
         std::vector<float> da(n), db(n), sa = g, sb = g;
         a.decode(pa, da);
         b.decode(pb, db);
-        CHECK(same_bits(da, db));
+        CHECK(bit_equal(da, db));
         a.decode_add(pa, sa);
         b.decode_add(pb, sb);
-        CHECK(same_bits(sa, sb));
+        CHECK(bit_equal(sa, sb));
       }
     }
   }
@@ -272,7 +254,7 @@ TEST_CASE("decode_add sums several workers' payloads (decode-and-sum aggregation
     q.decode(p, out);
     for (std::size_t i = 0; i < n; ++i) expect[i] += out[i];
   }
-  CHECK(same_bits(sum, expect));
+  CHECK(bit_equal(sum, expect));
 }
 
 TEST_CASE("payloads round-trip through wire.hpp with exact sizes") {
@@ -359,7 +341,7 @@ TEST_CASE_TEMPLATE("save_state / restore_state continues bit for bit", Policy, e
       b.encode(normal_floats(n, 200 + t, 0.3), p);
       CHECK(same_payload(p, expected[t - 5]));
     }
-    CHECK(same_bits(a.residual(), b.residual()));
+    CHECK(bit_equal(a.residual(), b.residual()));
     // save -> restore -> save is the identity on bytes
     two_bit_quantizer<Policy> c(1);
     c.restore_state(a.save_state());
@@ -432,12 +414,7 @@ TEST_CASE_TEMPLATE("bad input: parameters, sizes, non-finite gradients, overflow
       auto g = normal_floats(n, 2);
       g[bad] = v;
       if (bad + 1 < n) g[bad + 1] = v;  // the first bad index is named
-      try {
-        q.encode(g, p);
-        FAIL("encode accepted a non-finite gradient");
-      } catch (const non_finite_error& e) {
-        CHECK(e.index() == bad);
-      }
+      CHECK(gradcomp::test_support::non_finite_index_of([&] { q.encode(g, p); }) == bad);
       CHECK(q.save_state() == state);  // residual, step count: untouched
     }
   }

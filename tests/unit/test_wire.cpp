@@ -4,6 +4,9 @@
 #include <gradcomp/dense.hpp>
 #include <gradcomp/wire.hpp>
 
+#include <support/random_vectors.hpp>
+#include <support/wire_checks.hpp>
+
 #include <cstring>
 #include <random>
 
@@ -12,31 +15,17 @@ using wire::wire_errc;
 
 namespace {
 
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+// n draws of Normal(0, 1) from a fresh std::mt19937(seed).
+std::vector<float> random_floats(std::size_t n, unsigned seed) { return gradcomp::test_support::mt_normal(seed, n); }
 
 wire_errc parse_error(std::span<const std::byte> bytes, const wire::parse_limits& limits = {}) {
-  try {
-    (void)wire::parse<dense_payload>(bytes, limits);
-  } catch (const wire::wire_error& e) {
-    return e.code();
-  }
-  FAIL("parse accepted bytes it should reject");
-  return wire_errc::truncated;
+  return test_support::parse_error_of<dense_payload>(bytes, limits);
 }
 
 // Recomputes the checksum after a deliberate edit, so the test reaches the
-// check behind it instead of stopping at checksum_mismatch.
-void reseal(std::vector<std::byte>& bytes) {
-  auto span = std::span<const std::byte>(bytes);
-  const std::uint32_t crc = wire::crc32c(wire::crc32c(0, span.first(28)), span.subspan(wire::header_size));
-  std::memcpy(bytes.data() + 28, &crc, 4);  // little-endian host in CI; see the endian test below
-}
+// check behind it instead of stopping at checksum_mismatch (CRC in host
+// order: little-endian in CI; see the endian test below).
+using test_support::reseal;
 
 template <class T>
 void poke(std::vector<std::byte>& bytes, std::size_t at, T v) {
