@@ -11,6 +11,9 @@
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
+#include <support/equality.hpp>
+#include <support/ps_fixtures.hpp>
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,55 +26,13 @@ using namespace gradcomp;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-float noise(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  const std::uint64_t h = mix(mix(mix(a) ^ b) ^ c);
-  return float(double(h >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-std::vector<float> make_theta0(std::size_t n, std::uint64_t seed) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = noise(seed, 0, i);
-  return v;
-}
-std::vector<float> toy_gradient(std::span<const float> model, int k, int step) {
-  std::vector<float> g(model.size());
-  for (std::size_t i = 0; i < model.size(); ++i)
-    g[i] = (model[i] - 0.5f * noise(99, 0, i)) + 0.3f * noise(7, std::uint64_t(k) * 100003 + std::uint64_t(step), i);
-  return g;
-}
-// Multiples of 2^-10 in [-8, 8): sums of a few hundred are exact in float.
-std::vector<float> dyadic_gradient(std::size_t n, int k, int step) {
-  std::vector<float> g(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto h = mix(mix(std::uint64_t(k) * 7919 + std::uint64_t(step)) ^ i);
-    g[i] = h % 5 == 0 ? 0.0f : float(static_cast<std::int64_t>(h % 16384) - 8192) / 1024.0f;
-  }
-  return g;
-}
-std::vector<float> dyadic_theta0(std::size_t n) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = float(int(mix(i) % 129) - 64) / 64.0f;
-  return v;
-}
-std::vector<int> schedule_of(int workers, int steps, std::uint64_t seed) {
-  std::vector<int> s;
-  for (int t = 0; t < steps; ++t) s.push_back(int(mix(seed + std::uint64_t(t)) % std::uint64_t(workers)));
-  return s;
-}
-int count_of(const std::vector<int>& s, int k) { return int(std::count(s.begin(), s.end(), k)); }
+// bit_equal, make_theta0, toy_gradient, dyadic_*, schedule_of, count_of, noise.
+using namespace test_support;
 
 // Bytes no frame parser accepts (no valid control message at the front).
 std::vector<std::byte> garbage(std::size_t n, std::uint64_t seed) {
   std::vector<std::byte> b(n);
-  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>(mix(seed + i) & 0xFF);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>(splitmix(seed + i) & 0xFF);
   return b;
 }
 

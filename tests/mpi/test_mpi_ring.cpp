@@ -18,6 +18,9 @@
 #include <gradcomp/transport/mpi.hpp>
 #include <gradcomp/two_bit.hpp>
 
+#include <support/equality.hpp>
+#include <support/ring_fixtures.hpp>
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -31,7 +34,6 @@
 
 using namespace gradcomp;
 using namespace std::chrono_literals;
-using gradcomp::detail::counter_rng;
 
 namespace {
 
@@ -76,40 +78,9 @@ bool any_rank(bool flag) {
   return any != 0;
 }
 
-bool bit_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-
-// Gaussian-ish values from the counter-based generator: rank r's input is
-// gaussian(len, seed * 131 + r), so every rank can rebuild every input.
-vec gaussian(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
-  const auto s = counter_rng(seed).stream(0);
-  vec v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = std::max(s.uniform_double(2 * i), 1e-300), u2 = s.uniform_double(2 * i + 1);
-    v[i] = scale * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-  return v;
-}
-std::vector<vec> inputs(int n, std::size_t len, std::uint64_t seed, float scale = 1.0f) {
-  std::vector<vec> v;
-  for (int r = 0; r < n; ++r) v.push_back(gaussian(len, seed * 131 + std::uint64_t(r), scale));
-  return v;
-}
-vec exact_sum(const std::vector<vec>& x) {
-  std::vector<double> acc(x.front().size(), 0.0);
-  for (const auto& v : x)
-    for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
-  return vec(acc.begin(), acc.end());
-}
-double rel_error(std::span<const float> got, std::span<const float> want) {
-  double e = 0, w = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    e += (double(got[i]) - double(want[i])) * (double(got[i]) - double(want[i]));
-    w += double(want[i]) * double(want[i]);
-  }
-  return w > 0 ? std::sqrt(e / w) : std::sqrt(e);
-}
+// bit_equal, inputs (rank r: counter_gaussian(len, seed * 131 + r)), exact_sum, rel_error,
+// low_rank_layer, fitted_codec, rank_samples, compressed_domain_sum.
+using namespace gradcomp::test_support;
 
 // The plain ring's documented result: segment j summed as
 // ((x_j + x_{j+1}) + x_{j+2}) + ... + x_{j-1} (ranks mod N), then / N if averaging.
@@ -125,47 +96,6 @@ vec ring_order_sum(const std::vector<vec>& x, bool average) {
       out[i] = average ? s / static_cast<float>(n) : s;
     }
   return out;
-}
-
-// Low-rank slices of length K around a mean plus small noise (seed 002, Sec. 1).
-struct low_rank_layer {
-  std::size_t K, rank, length;
-  vec basis, mean;
-  low_rank_layer(std::size_t k, std::size_t r, std::size_t len, std::uint64_t seed)
-      : K(k), rank(r), length(len), basis(gaussian(k * r, seed)), mean(gaussian(k, seed + 7, 0.3f)) {}
-  vec sample(std::uint64_t seed, float noise = 1e-3f) const {
-    vec out(length);
-    const auto s = counter_rng(seed).stream(1);
-    const vec eps = gaussian(length, seed + 99, noise);
-    for (std::size_t m = 0; m * K < length; ++m)
-      for (std::size_t i = 0; i < K && m * K + i < length; ++i) {
-        double x = mean[i];
-        for (std::size_t j = 0; j < rank; ++j)
-          x += basis[j * K + i] * (2.0 * s.uniform_double(m * rank + j) - 1.0) / (1.0 + double(j));
-        out[m * K + i] = static_cast<float>(x) + eps[m * K + i];
-      }
-    return out;
-  }
-};
-
-// A GradiVeQ codec for a ring of n, fitted on sums of n samples: every rank
-// fits from the same samples, so every rank holds the same basis.
-linear_compressor<> fitted_codec(const low_rank_layer& layer, std::size_t n, std::size_t samples = 12) {
-  gradiveq_options o;
-  o.slice_size = layer.K;
-  o.summands = n;
-  o.lambda = 0.001;
-  linear_compressor<> c(layer.length, o);
-  for (std::size_t t = 0; t < samples; ++t) {
-    vec sum(layer.length, 0.0f);
-    for (std::size_t r = 0; r < n; ++r) {
-      const vec g = layer.sample(1000 + 64 * t + r);
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
-    }
-    c.add_sample(sum);
-  }
-  c.fit();
-  return c;
 }
 
 mpi_transport_options with_timeout(std::chrono::milliseconds t) {
@@ -276,16 +206,8 @@ TEST_CASE("mpi linear ring (Algorithm 1): GradiVeQ gives the same bits on every 
       std::memcpy(as_floats.data(), state.data(), state.size());
       CHECK(same_on_every_rank(as_floats));
     }
-    std::vector<vec> all;
-    for (int q = 0; q < n; ++q) all.push_back(layer.sample(5000 + std::uint64_t(q)));
-    gradiveq_payload acc, tmp;
-    codec.encode(all[0], acc);
-    for (int q = 1; q < n; ++q) {
-      codec.encode(all[std::size_t(q)], tmp);
-      codec.accumulate(acc, tmp);
-    }
-    vec reference(layer.length);
-    codec.decode(acc, reference);
+    const std::vector<vec> all = rank_samples(layer, n, 5000);
+    vec reference = compressed_domain_sum(codec, all);
 
     vec x = all[std::size_t(r)];
     const ring_stats st = ring_allreduce_linear(t, codec, std::span<float>(x));
