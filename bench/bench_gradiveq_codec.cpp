@@ -24,16 +24,10 @@ using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 // Counter-based standard normal for (seed, index): reproducible at any thread count.
 float normal(std::uint64_t seed, std::uint64_t i) {
-  const double u = (double(mix(seed * 0x9E3779B97F4A7C15ull + 2 * i) >> 11) + 0.5) * 0x1.0p-53;
-  const double v = (double(mix(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) >> 11) + 0.5) * 0x1.0p-53;
+  const double u = (double(bench::splitmix(seed * 0x9E3779B97F4A7C15ull + 2 * i) >> 11) + 0.5) * 0x1.0p-53;
+  const double v = (double(bench::splitmix(seed * 0x9E3779B97F4A7C15ull + 2 * i + 1) >> 11) + 0.5) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v));
 }
 void fill(std::span<float> x, std::uint64_t seed) {

@@ -20,6 +20,7 @@
 // Ends with: RESULT gradiveq_ring_speedup_1gbit, gradiveq_ring_speedup_10gbit,
 // gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit.
 #include "common.hpp"
+#include "conv_like_gradients.hpp"
 
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/qsgd.hpp>
@@ -56,63 +57,12 @@ using gradcomp::transport::inproc_fabric;
 
 namespace {
 
-#if defined(GRADCOMP_HAS_XSIMD)
-using policy = gradcomp::execution::simd;
-constexpr const char* policy_name = "simd";
-#else
-using policy = gradcomp::execution::seq;
-constexpr const char* policy_name = "seq";
-#endif
+using gb::policy;       // simd when xsimd is configured, else seq
+using gb::policy_name;
 
 constexpr int workers = 4;
 constexpr std::size_t K = 256;      // slice size
 constexpr std::size_t rank_r = 32;  // rank of the synthetic gradients = forced d
-
-using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// Synthetic conv-like gradients: every slice of K adjacent values is
-// mean + U a + noise with one K x 32 basis U for the layer (the linear
-// correlation of seed 002, Sec. 1), coefficients a drawn per slice.
-struct gradient_source {
-  Eigen::MatrixXf basis;  // K x r
-  Eigen::RowVectorXf mean;
-  gradient_source() : basis(static_cast<Eigen::Index>(K), static_cast<Eigen::Index>(rank_r)), mean(static_cast<Eigen::Index>(K)) {
-    const auto s = gradcomp::detail::counter_rng(2024).stream(0);
-    for (Eigen::Index i = 0; i < basis.size(); ++i) basis.data()[i] = 2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f;
-    for (Eigen::Index i = 0; i < mean.size(); ++i) mean(i) = 0.1f * (s.uniform_float(std::uint64_t(1 << 20) + std::uint64_t(i)) - 0.5f);
-  }
-  // `slices` slices of stream `seed` into out (slices x K, row-major).
-  void fill(float* out, std::size_t slices, std::uint64_t seed) const {
-    const auto s = gradcomp::detail::counter_rng(seed).stream(1);
-    row_major a(static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(rank_r));
-    for (Eigen::Index i = 0; i < a.size(); ++i) {
-      const Eigen::Index col = i % a.cols();
-      a.data()[i] = (2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f) / (1.0f + 0.1f * float(col));
-    }
-    Eigen::Map<row_major> x(out, static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(K));
-    x.noalias() = a * basis.transpose();
-    x.rowwise() += mean;
-    const auto noise = gradcomp::detail::counter_rng(seed).stream(2);
-    for (std::size_t i = 0; i < slices * K; ++i) out[i] += 1e-3f * (noise.uniform_float(i) - 0.5f);
-  }
-};
-
-// CPU time of the calling thread (what a worker computed, whatever the
-// scheduler did with the other jobs on the machine).
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-double load_average() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
 
 // Share of the last 10 s in which runnable tasks waited for a CPU
 // (/proc/pressure/cpu "some avg10", percent; -1 if unavailable).
@@ -202,7 +152,7 @@ int main(int argc, char** argv) {
   const std::size_t slices = length / K;
   const int repeats = 3;  // timed runs per method and link, after one warm-up run
   const auto bench_start = gb::clock::now();
-  const double load_start = load_average();
+  const double load_start = gb::load_average();
   const double pressure_start = cpu_pressure();
 
   std::printf("GradiVeQ ring all-reduce (seed 002, Algorithm 1) against the uncompressed ring and the QSGD/top-k baselines\n");
@@ -211,7 +161,7 @@ int main(int argc, char** argv) {
               Eigen::nbThreads());
 
   // --- inputs ---------------------------------------------------------------
-  const gradient_source source;
+  const gb::conv_like_gradients source(K, rank_r);
   std::vector<std::vector<float>> grads(workers, std::vector<float>(length));
   {
     std::vector<std::thread> fill;
@@ -269,9 +219,9 @@ int main(int argc, char** argv) {
     auto best_cpu = [](auto&& fn) {
       double best = 1e300;
       for (int i = 0; i < 5; ++i) {
-        const double c0 = thread_cpu_seconds();
+        const double c0 = gb::thread_cpu_seconds();
         fn();
-        best = std::min(best, thread_cpu_seconds() - c0);
+        best = std::min(best, gb::thread_cpu_seconds() - c0);
       }
       return best;
     };
@@ -317,10 +267,10 @@ int main(int argc, char** argv) {
         std::memcpy(work[r].data(), grads[r].data(), length * sizeof(float));
         sync.arrive_and_wait();
         const auto t0 = gb::clock::now();
-        const double c0 = thread_cpu_seconds();
+        const double c0 = gb::thread_cpu_seconds();
         if (link) current[r] = op.run(*link, state, std::span<float>(work[r]));
         else current[r] = op.run(ep, state, std::span<float>(work[r]));
-        cpu[r] = thread_cpu_seconds() - c0;
+        cpu[r] = gb::thread_cpu_seconds() - c0;
         sync.arrive_and_wait();
         const double s = std::chrono::duration<double>(gb::clock::now() - t0).count();
         if (r == 0 && i > 0 && s < best) {
@@ -388,15 +338,26 @@ int main(int argc, char** argv) {
   const qsgd_allgather_op q4ag;
   const topk_allgather_op topk{length};
 
+  // The uncompressed, GradiVeQ and QSGD-4 re-encode rings over `net` (nullptr:
+  // the bare transport), each printed with its ratio to the uncompressed one.
+  struct three_rings {
+    measurement u, g, q;
+  };
+  auto measure_rings = [&](emulated_network* net, double rate) {
+    three_rings m;
+    m.u = measure(net, uncompressed_op{});
+    print_row("uncompressed ring", m.u, nullptr, rate);
+    m.g = measure(net, gq);
+    print_row("GradiVeQ ring (Alg. 1)", m.g, &m.u, rate);
+    m.q = measure(net, q4);
+    print_row("QSGD-4 re-encode ring", m.q, &m.u, rate);
+    return m;
+  };
+
   // No link: the CPU time of each ring on this machine (4 workers on the cores we have).
   std::printf("\n  bare in-process transport (no link: CPU and memory time only), best of %d:\n", repeats);
   header(false);
-  const auto u0 = measure(nullptr, uncompressed_op{});
-  print_row("uncompressed ring", u0, nullptr, 0);
-  const auto g0 = measure(nullptr, gq);
-  print_row("GradiVeQ ring (Alg. 1)", g0, &u0, 0);
-  const auto q0 = measure(nullptr, q4);
-  print_row("QSGD-4 re-encode ring", q0, &u0, 0);
+  (void)measure_rings(nullptr, 0);
 
   double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0;
   const double rates[2] = {1e9, 10e9};
@@ -405,12 +366,7 @@ int main(int argc, char** argv) {
     emulated_network net(workers, {.bits_per_second = rate, .latency = std::chrono::microseconds(25)});
     std::printf("\n  emulated links of %.0f Gbit/s, 25 us latency, best of %d:\n", rate / 1e9, repeats);
     header(true);
-    const auto u = measure(&net, uncompressed_op{});
-    print_row("uncompressed ring", u, nullptr, rate);
-    const auto g = measure(&net, gq);
-    print_row("GradiVeQ ring (Alg. 1)", g, &u, rate);
-    const auto q = measure(&net, q4);
-    print_row("QSGD-4 re-encode ring", q, &u, rate);
+    const auto [u, g, q] = measure_rings(&net, rate);
     const auto qa = measure(&net, q4ag);
     print_row("QSGD-4 all-gather", qa, &u, rate);
     const auto tk = measure(&net, topk);
@@ -435,17 +391,12 @@ int main(int argc, char** argv) {
     emulated_network net(workers, {.bits_per_second = rate, .latency = std::chrono::microseconds(25)});
     std::printf("\n  for information, emulated links of %.2f Gbit/s, 25 us latency, best of %d:\n", rate / 1e9, repeats);
     header(true);
-    const auto u = measure(&net, uncompressed_op{});
-    print_row("uncompressed ring", u, nullptr, rate);
-    const auto g = measure(&net, gq);
-    print_row("GradiVeQ ring (Alg. 1)", g, &u, rate);
-    const auto q = measure(&net, q4);
-    print_row("QSGD-4 re-encode ring", q, &u, rate);
+    (void)measure_rings(&net, rate);
   }
 
   std::printf("\n  total bench time %.1f s; load average %.1f at the start, %.1f at the end; CPU pressure (PSI some avg10) "
               "%.0f%% at the start, %.0f%% at the end\n\n",
-              std::chrono::duration<double>(gb::clock::now() - bench_start).count(), load_start, load_average(),
+              std::chrono::duration<double>(gb::clock::now() - bench_start).count(), load_start, gb::load_average(),
               pressure_start, cpu_pressure());
   gb::result("gradiveq_ring_speedup_1gbit", speedup[0], "x");
   gb::result("gradiveq_ring_speedup_10gbit", speedup[1], "x");

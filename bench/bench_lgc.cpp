@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
-#include <time.h>
 #include <vector>
 
 #include <gradcomp/autoencoder.hpp>
@@ -45,23 +44,7 @@ using namespace gradcomp;
 
 namespace {
 
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-std::vector<double> interleaved_best(int rounds, const std::vector<std::function<void()>>& fns) {
-  std::vector<double> best(fns.size(), 1e300);
-  for (const auto& f : fns) f();
-  for (int r = 0; r < rounds; ++r)
-    for (std::size_t i = 0; i < fns.size(); ++i) {
-      const double t0 = thread_cpu_seconds();
-      fns[i]();
-      best[i] = std::min(best[i], thread_cpu_seconds() - t0);
-    }
-  return best;
-}
+using gb::interleaved_best;  // best thread CPU time of each function over interleaved rounds
 
 /// Weight tensors of torchvision's ResNet-50 (conv1, the bottlenecks with
 /// their downsample convs, fc), in forward order.

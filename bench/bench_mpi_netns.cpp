@@ -22,6 +22,7 @@
 #include <mpi.h>
 
 #include "common.hpp"
+#include "conv_like_gradients.hpp"
 
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/qsgd.hpp>
@@ -50,61 +51,11 @@ using gradcomp::ring_stats;
 
 namespace {
 
-#if defined(GRADCOMP_HAS_XSIMD)
-using policy = gradcomp::execution::simd;
-constexpr const char* policy_name = "simd";
-#else
-using policy = gradcomp::execution::seq;
-constexpr const char* policy_name = "seq";
-#endif
+using gb::policy;       // simd when xsimd is configured, else seq
+using gb::policy_name;
 
 constexpr std::size_t K = 256;      // slice size
 constexpr std::size_t rank_r = 32;  // rank of the synthetic gradients = forced d
-
-using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// Synthetic conv-like gradients (as bench_gradiveq_ring.cpp): every slice of
-// K adjacent values is mean + U a + noise with one K x 32 basis U.
-struct gradient_source {
-  Eigen::MatrixXf basis;
-  Eigen::RowVectorXf mean;
-  gradient_source() : basis(static_cast<Eigen::Index>(K), static_cast<Eigen::Index>(rank_r)), mean(static_cast<Eigen::Index>(K)) {
-    const auto s = gradcomp::detail::counter_rng(2024).stream(0);
-    for (Eigen::Index i = 0; i < basis.size(); ++i) basis.data()[i] = 2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f;
-    for (Eigen::Index i = 0; i < mean.size(); ++i)
-      mean(i) = 0.1f * (s.uniform_float(std::uint64_t(1 << 20) + std::uint64_t(i)) - 0.5f);
-  }
-  void fill(float* out, std::size_t slices, std::uint64_t seed) const {
-    const auto s = gradcomp::detail::counter_rng(seed).stream(1);
-    row_major a(static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(rank_r));
-    for (Eigen::Index i = 0; i < a.size(); ++i) {
-      const Eigen::Index col = i % a.cols();
-      a.data()[i] = (2.0f * s.uniform_float(std::uint64_t(i)) - 1.0f) / (1.0f + 0.1f * float(col));
-    }
-    Eigen::Map<row_major> x(out, static_cast<Eigen::Index>(slices), static_cast<Eigen::Index>(K));
-    x.noalias() = a * basis.transpose();
-    x.rowwise() += mean;
-    const auto noise = gradcomp::detail::counter_rng(seed).stream(2);
-    for (std::size_t i = 0; i < slices * K; ++i) out[i] += 1e-3f * (noise.uniform_float(i) - 0.5f);
-  }
-};
-
-// CPU time of this process (one rank): what it computed, whatever the
-// scheduler did with the other jobs on the machine.
-double cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double load_average() {
-  double l = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
-    std::fclose(f);
-  }
-  return l;
-}
 
 // "1gbit", "10gbit", "500mbit", "100kbit" (tc's units) -> bits per second; 0 if unknown.
 double parse_rate(const std::string& s) {
@@ -169,7 +120,7 @@ int main(int argc, char** argv) {
   const char* rate_env = std::getenv("GRADCOMP_NETNS_RATE");
   const std::string rate_name = rate_env ? rate_env : "";
   const double rate = parse_rate(rate_name);
-  const double load_start = load_average();
+  const double load_start = gb::load_average();
   const double bench_start = MPI_Wtime();
   char host[MPI_MAX_PROCESSOR_NAME];
   int host_len = 0;
@@ -185,7 +136,7 @@ int main(int argc, char** argv) {
 
   // --- inputs: rank r's gradient, as worker r of bench_gradiveq_ring ---------
   const std::size_t slices = length / K;
-  const gradient_source source;
+  const gb::conv_like_gradients source(K, rank_r);
   std::vector<float> grad(length), work(length), reference(length);
   source.fill(grad.data(), slices, 100 + std::uint64_t(rank));
   for (std::size_t i = slices * K; i < length; ++i) grad[i] = 0.01f * float(i % 7);
@@ -227,10 +178,10 @@ int main(int argc, char** argv) {
     for (int i = -1; i < repeats; ++i) {
       std::memcpy(work.data(), grad.data(), length * sizeof(float));
       MPI_Barrier(MPI_COMM_WORLD);
-      const double t0 = MPI_Wtime(), c0 = cpu_seconds();
+      const double t0 = MPI_Wtime(), c0 = gb::process_cpu_seconds();
       const ring_stats st = op(std::span<float>(work));
       double mine = MPI_Wtime() - t0, slowest = 0;
-      const double cpu = cpu_seconds() - c0;
+      const double cpu = gb::process_cpu_seconds() - c0;
       MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (i >= 0 && slowest < best) {
         best = slowest;
@@ -305,7 +256,7 @@ int main(int argc, char** argv) {
       [&](std::span<float> data) { return gradcomp::ring_allgather_decode(policy{}, t, topk, data); }, false);
   print_row("top-1% all-gather", k, &u);
 
-  const double load_end = load_average();
+  const double load_end = gb::load_average();
   const bool all_identical = u.identical && g.identical && q.identical && k.identical;
   if (rank == 0) {
     std::printf("\n  GradiVeQ vs uncompressed %.2fx, QSGD-4 %.2fx, top-1%% %.2fx; results identical on every rank: %s\n",

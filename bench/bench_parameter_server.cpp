@@ -60,12 +60,7 @@ std::vector<std::size_t> resnet18_layers() {
   return s;
 }
 
-std::uint64_t splitmix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using bench::splitmix;
 
 // A synthetic gradient: per layer a scale, per element roughly Gaussian
 // (sum of four uniforms) from a counter-based stream of (worker, step).

@@ -44,12 +44,7 @@ constexpr float momentum = 0.7f;  // seed 001 Sec. 5.1
 constexpr double ratio = 1.0;     // R = 1%: 99% sparsity
 constexpr std::uint64_t seed = 2020;
 
-std::uint64_t splitmix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using bench::splitmix;
 
 // The minibatches: epoch e visits the training set in a permutation drawn from
 // a counter-based stream of (seed, e). Global step t takes the t-th batch.

@@ -25,17 +25,8 @@ using gradcomp::transport::emulated_network;
 using gradcomp::transport::inproc_endpoint;
 using gradcomp::transport::inproc_fabric;
 
-namespace {
-
-#if defined(GRADCOMP_HAS_XSIMD)
-using policy = gradcomp::execution::simd;
-constexpr const char* policy_name = "simd";
-#else
-using policy = gradcomp::execution::seq;
-constexpr const char* policy_name = "seq";
-#endif
-
-}  // namespace
+using gb::policy;       // simd when xsimd is configured, else seq
+using gb::policy_name;
 
 int main(int argc, char** argv) {
   const int workers = 4;

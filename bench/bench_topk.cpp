@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <functional>
 #include <random>
-#include <time.h>
 #include <vector>
 
 #include <gradcomp/sparsify.hpp>
@@ -27,28 +26,7 @@
 namespace gb = gradcomp::bench;
 namespace ex = gradcomp::execution;
 
-namespace {
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-/// Best CPU time of each function over `rounds` interleaved rounds (after one warm-up each).
-std::vector<double> interleaved_best(int rounds, const std::vector<std::function<void()>>& fns) {
-  std::vector<double> best(fns.size(), 1e300);
-  for (const auto& f : fns) f();
-  for (int r = 0; r < rounds; ++r)
-    for (std::size_t i = 0; i < fns.size(); ++i) {
-      const double t0 = thread_cpu_seconds();
-      fns[i]();
-      best[i] = std::min(best[i], thread_cpu_seconds() - t0);
-    }
-  return best;
-}
-
-}  // namespace
+using gb::interleaved_best;  // best thread CPU time of each function over interleaved rounds
 
 int main() {
   std::printf("top-k by magnitude; best thread CPU time of interleaved rounds\n");

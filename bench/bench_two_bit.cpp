@@ -19,44 +19,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <vector>
 
 using namespace gradcomp;
-
-namespace {
-// Thread CPU time: unlike the wall clock it does not count the time the job
-// waits for a core, so on a shared machine it shows what the code costs when
-// it runs (memory contention from other jobs still shows).
-double cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-template <class F>
-double best_cpu_seconds(int repeats, F&& fn) {
-  fn();
-  double best = 1e300;
-  for (int r = 0; r < repeats; ++r) {
-    const double t0 = cpu_seconds();
-    fn();
-    best = std::min(best, cpu_seconds() - t0);
-  }
-  return best;
-}
-// STREAM triad as in common.hpp, timed in CPU time.
-double triad_cpu_gbps(std::size_t n, int repeats) {
-  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
-  const double t = best_cpu_seconds(repeats, [&] {
-    float* __restrict pa = a.data();
-    const float* __restrict pb = b.data();
-    const float* __restrict pc = c.data();
-    for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
-    bench::do_not_optimize(pa[n / 2]);
-  });
-  return 12.0 * double(n) / t / 1e9;
-}
-}  // namespace
 
 int main() {
   const std::size_t n = std::size_t{1} << 25;  // 32 Mi floats = 128 MiB per array: far beyond the 32 MiB L3
@@ -125,12 +90,12 @@ int main() {
   bench::row("decode_add simd", add_bytes / t_add / 1e9, "GB/s", triad, "triad");
 
   // The same two kernels and the triad timed in thread CPU time.
-  const double triad_cpu = triad_cpu_gbps(n, repeats);
-  const double enc_cpu = enc_bytes / best_cpu_seconds(repeats, [&] {
+  const double triad_cpu = bench::stream_triad_cpu_gbps(n, repeats);
+  const double enc_cpu = enc_bytes / bench::best_cpu_seconds(repeats, [&] {
     fixed_simd.encode(g, p);
     bench::do_not_optimize(p.words[n / 32]);
   }) / 1e9;
-  const double dec_cpu = dec_bytes / best_cpu_seconds(repeats, [&] {
+  const double dec_cpu = dec_bytes / bench::best_cpu_seconds(repeats, [&] {
     fixed_simd.decode(p, out);
     bench::do_not_optimize(out[n / 2]);
   }) / 1e9;

@@ -1,16 +1,23 @@
 #pragma once
-// Shared helpers for the bench_* executables: timing, same-run baselines
-// (stream triad, memcpy), and the `RESULT <name> <value> <unit>` lines.
-// Benches measure; they never assert a speed.
+// Shared helpers for the bench_* executables: timing (wall and CPU clocks),
+// same-run baselines (stream triad, memcpy), machine load, the policy the
+// benches run, counter-based hashing, and the `RESULT <name> <value> <unit>`
+// lines. Benches measure; they never assert a speed.
+
+#include <gradcomp/detail/random.hpp>
+#include <gradcomp/execution.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <time.h>
 
 namespace gradcomp::bench {
 
@@ -61,6 +68,86 @@ inline double memcpy_gbps(std::size_t bytes = std::size_t{64} << 20, int repeats
   });
   return double(bytes) / t / 1e9;
 }
+
+/// CPU time of the calling thread in seconds: unlike the wall clock it does not
+/// count the time the thread waits for a core, so on a shared machine it shows
+/// what the code costs when it runs (memory contention from other jobs still shows).
+inline double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+/// CPU time of the whole process (all its threads) in seconds.
+inline double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+/// Best (minimum) thread CPU time in seconds of `fn` over `repeats` runs after one warm-up run.
+template <class F>
+double best_cpu_seconds(int repeats, F&& fn) {
+  fn();
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    const double t0 = thread_cpu_seconds();
+    fn();
+    best = std::min(best, thread_cpu_seconds() - t0);
+  }
+  return best;
+}
+
+/// Best thread CPU time of each function over `rounds` interleaved rounds
+/// (after one warm-up each): interleaving spreads the machine's load changes
+/// over all the candidates alike.
+inline std::vector<double> interleaved_best(int rounds, const std::vector<std::function<void()>>& fns) {
+  std::vector<double> best(fns.size(), 1e300);
+  for (const auto& f : fns) f();
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < fns.size(); ++i) {
+      const double t0 = thread_cpu_seconds();
+      fns[i]();
+      best[i] = std::min(best[i], thread_cpu_seconds() - t0);
+    }
+  return best;
+}
+
+/// The STREAM triad of stream_triad_gbps timed in thread CPU time (GB/s, 12 bytes per element).
+inline double stream_triad_cpu_gbps(std::size_t n, int repeats) {
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  const double t = best_cpu_seconds(repeats, [&] {
+    float* __restrict pa = a.data();
+    const float* __restrict pb = b.data();
+    const float* __restrict pc = c.data();
+    for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    do_not_optimize(pa[n / 2]);
+  });
+  return 12.0 * double(n) / t / 1e9;
+}
+
+/// The 1-minute load average (/proc/loadavg; 0 if unreadable), printed next to figures taken on a shared machine.
+inline double load_average() {
+  double l = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = 0;
+    std::fclose(f);
+  }
+  return l;
+}
+
+/// The CPU policy the benches measure: the xsimd kernels when configured, else seq.
+#if defined(GRADCOMP_HAS_XSIMD)
+using policy = gradcomp::execution::simd;
+inline constexpr const char* policy_name = "simd";
+#else
+using policy = gradcomp::execution::seq;
+inline constexpr const char* policy_name = "seq";
+#endif
+
+/// splitmix64 step (the golden-ratio increment, then the Mix13 finaliser): a
+/// counter-based hash for synthetic data.
+inline std::uint64_t splitmix(std::uint64_t z) { return gradcomp::detail::mix64(z + 0x9E3779B97F4A7C15ull); }
 
 /// Prints the headline line the bench harness collects.
 inline void result(const std::string& name, double value, const std::string& unit) {

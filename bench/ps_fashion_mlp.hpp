@@ -5,6 +5,8 @@
 // written with Eigen, whose parameters are one flat float vector (the layout a
 // parameter server moves: W1, b1, W2, b2).
 
+#include "common.hpp"
+
 #include <zlib.h>
 
 #include <Eigen/Core>
@@ -95,15 +97,9 @@ struct mlp {
   /// He-uniform weights from a counter-based hash of (seed, index); zero biases.
   static std::vector<float> init(std::uint64_t seed) {
     std::vector<float> t(parameters(), 0.0f);
-    auto hash = [](std::uint64_t z) {
-      z += 0x9E3779B97F4A7C15ull;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return z ^ (z >> 31);
-    };
     auto fill = [&](std::size_t from, std::size_t count, float limit) {
       for (std::size_t i = 0; i < count; ++i) {
-        const double u = double(hash(seed * 0x100000001B3ull + from + i) >> 11) * 0x1.0p-53;
+        const double u = double(gradcomp::bench::splitmix(seed * 0x100000001B3ull + from + i) >> 11) * 0x1.0p-53;
         t[from + i] = float((2.0 * u - 1.0) * limit);
       }
     };
