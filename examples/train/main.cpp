@@ -702,12 +702,16 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   o.eval_samples = eval_samples.value_or(full ? 10000 : 2000);
   o.epochs = epochs.value_or(full ? 10.0 : 3.0);
   if (full) {
-    // The paper-scale schedules, shortened to this run's length.
-    o.gradiveq_warmup = 500;
-    o.gradiveq_lt = 100;
-    o.gradiveq_lc = 400;
-    o.lgc_phase1 = 500;
-    o.lgc_phase2 = 500;
+    // The paper-scale schedules, shortened to this run's length; a value
+    // given on the command line wins.
+    auto full_default = [&](const char* flag, std::size_t& value, std::size_t full_value) {
+      if (app.count(flag) == 0) value = full_value;
+    };
+    full_default("--gradiveq-warmup", o.gradiveq_warmup, 500);
+    full_default("--gradiveq-lt", o.gradiveq_lt, 100);
+    full_default("--gradiveq-lc", o.gradiveq_lc, 400);
+    full_default("--lgc-phase1", o.lgc_phase1, 500);
+    full_default("--lgc-phase2", o.lgc_phase2, 500);
   }
 
   if (mpi_mode) {
