@@ -140,7 +140,7 @@ std::string plot_curves(const std::string& csv_path, const std::string& png_path
       d << "# " << config_name(r.config) << "\n# step epoch loss accuracy bytes\n";
       for (const auto& p : r.curve)
         d << p.step << ' ' << p.epoch << ' ' << p.train_loss << ' ' << p.test_accuracy << ' '
-          << std::max(p.cumulative_bytes, 1.0) << '\n';
+          << p.cumulative_bytes << '\n';
       d << "\n\n";
     }
   }
@@ -160,8 +160,12 @@ std::string plot_curves(const std::string& csv_path, const std::string& png_path
         if (skip_without_bytes && (r.curve.empty() || r.curve.back().cumulative_bytes <= 0)) continue;
         if (!first) g << ", \\\n     ";
         first = false;
-        g << gnuplot_quote(data_path) << " index " << i << " using " << xcol << ":4 with linespoints title '"
-          << config_name(r.config) << "'";
+        // The same line type for a configuration in both panels; on the
+        // log-scale bytes axis the points before the first byte are left out.
+        const std::string x = skip_without_bytes ? "($" + std::to_string(xcol) + " > 0 ? $" + std::to_string(xcol) + " : 1/0)"
+                                                 : std::to_string(xcol);
+        g << gnuplot_quote(data_path) << " index " << i << " using " << x << ":4 with linespoints lt " << i + 1 << " pt " << i + 1
+          << " title '" << config_name(r.config) << "'";
       }
       if (first) g << "NaN title 'no configuration sent bytes'";
       g << "\n";
