@@ -29,6 +29,13 @@ using ibatch = xsimd::batch<std::int32_t>;
 inline constexpr std::size_t width = fbatch::size;
 static_assert(width <= 32, "lane masks are 32-bit");
 
+// Comparing register types like __m128i in std::is_same_v drops their
+// vector attributes, which GCC reports (-Wignored-attributes); the comparison
+// itself is what we want.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#endif
 /// Bit j set when lane j of m is true.
 template <class T, class A>
 inline std::uint32_t lane_bits(const xsimd::batch_bool<T, A>& m) noexcept {
@@ -59,6 +66,9 @@ inline std::uint32_t lane_bits(const xsimd::batch_bool<T, A>& m) noexcept {
     return bits;
   }
 }
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
 /// Keys (bits of |v|) of a batch, as signed 32-bit integers (all >= 0).
 inline ibatch keys_of(const fbatch& v) noexcept {
