@@ -59,6 +59,7 @@ struct run_options {
   std::size_t gradiveq_lc = 100;
   double gradiveq_lambda = 0.01;
   std::size_t gradiveq_plus_pool = 16;  ///< gradiveq_plus: slices pooled per sample (0: first slice)
+  std::size_t gradiveq_plus_lt = 38;    ///< gradiveq_plus: L_t sampling steps per cycle (--full: 150)
   double gradiveq_plus_holdout = 0.0;   ///< gradiveq_plus: fraction of samples held out to choose d
   double gradiveq_plus_stale = 0.0;     ///< gradiveq_plus: eq. 7 stale threshold (0: fixed L_c)
   // QSGD (4 bits = 15 levels + sign, bucket size).

@@ -633,6 +633,9 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--gradiveq-plus-pool", o.gradiveq_plus_pool,
                  "gradiveq_plus: slices pooled per PCA sample (0: the paper's first slice)")
       ->capture_default_str();
+  app.add_option("--gradiveq-plus-lt", o.gradiveq_plus_lt,
+                 "gradiveq_plus: L_t sampling steps per cycle (default 1.5 x the paper's: 38, --full: 150)")
+      ->capture_default_str();
   app.add_option("--gradiveq-plus-holdout", o.gradiveq_plus_holdout,
                  "gradiveq_plus: fraction of the samples held out to choose d (0: off)")
       ->capture_default_str();
@@ -710,6 +713,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
     full_default("--gradiveq-warmup", o.gradiveq_warmup, 500);
     full_default("--gradiveq-lt", o.gradiveq_lt, 100);
     full_default("--gradiveq-lc", o.gradiveq_lc, 400);
+    full_default("--gradiveq-plus-lt", o.gradiveq_plus_lt, 150);
     full_default("--lgc-phase1", o.lgc_phase1, 500);
     full_default("--lgc-phase2", o.lgc_phase2, 500);
   }
