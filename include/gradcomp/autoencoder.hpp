@@ -1093,6 +1093,11 @@ struct lgc_options {
   float momentum = 0.9f;             ///< DGC momentum correction in [0, 1); 0 = plain accumulation (Algs. 1-2)
   bool first_layer_dense = true;     ///< Section VI-A: the first layer is sent uncompressed
   bool last_layer_topk_only = true;  ///< Section VI-A: the last layer gets top-k without the autoencoder
+  /// Beyond the paper (ring form): in the compressed phase each node decodes
+  /// its own code and adds the reconstruction error back to its accumulator,
+  /// as the unsent entries are kept, so the autoencoder's error is delayed
+  /// rather than lost (error feedback). Costs one extra decode per step.
+  bool feedback_reconstruction_error = false;
   std::size_t window = 1024;         ///< autoencoder window (multiple of 2^depth)
   lgc_architecture architecture{};
   lgc_schedule schedule{};
@@ -1265,6 +1270,12 @@ struct lgc_accumulator {
     } else {
       axpby_update(Policy{}, std::span<float>(v[l]), g, 1.0f, 1.0f);
     }
+  }
+  /// Adds err[at + j] to v[idx[j]] (error feedback); returns at + idx.size().
+  std::size_t give_back(std::size_t l, std::span<const std::uint32_t> idx, std::span<const float> err, std::size_t at) {
+    auto& vl = v[l];
+    for (std::uint32_t i : idx) vl[i] += err[at++];
+    return at;
   }
   /// Appends v[idx] to out and clears v and u there.
   void take(std::size_t l, std::span<const std::uint32_t> idx, std::vector<float>& out) {
@@ -1520,6 +1531,7 @@ class lgc_ring_node {
       lgc_code_payload code;
       codec.encode(mid_, scales, code, false);
       traffic.payload_bytes += wire::serialized_size(code);
+      if (options_.feedback_reconstruction_error) feed_back_error(codec, code, scales);
       buffer_.insert(buffer_.end(), code.codes.begin(), code.codes.end());
       if (size_ > 1) ring_allreduce(Policy{}, t, std::span<float>(buffer_), ro);
       decoded_.resize(layout_.mu);
@@ -1543,11 +1555,33 @@ class lgc_ring_node {
     finish(traffic);
   }
 
+  /// The unsent accumulation of layer l (empty for a dense layer): what
+  /// this node still owes the other nodes.
+  std::span<const float> residual(std::size_t l) const {
+    if (l >= acc_.v.size()) throw invalid_argument_error("lgc_ring_node: residual: no layer " + std::to_string(l));
+    return acc_.v[l];
+  }
+
  private:
   void finish(const lgc_traffic& t) {
     last_ = t;
     total_ += t;
     ++step_;
+  }
+
+  /// Error feedback of the compressed phase: v += mid - decode(own code) at
+  /// the entries this node just sent through the autoencoder.
+  template <class Codec>
+  void feed_back_error(const Codec& codec, const lgc_code_payload& own, std::span<const float> scales) {
+    own_error_.resize(layout_.mu);
+    codec.decode(std::span<const float>(own.codes), scales, own_error_);
+    for (std::size_t i = 0; i < own_error_.size(); ++i) own_error_[i] = mid_[i] - own_error_[i];
+    std::size_t at = 0;
+    for (std::size_t l = 0, j = 0; l < layout_.roles.size(); ++l) {
+      if (layout_.roles[l] == lgc_layer_role::dense) continue;
+      const auto& idx = index_set_.indices[j++];
+      if (layout_.roles[l] == lgc_layer_role::autoencoder) at = acc_.give_back(l, idx, own_error_, at);
+    }
   }
 
   lgc_index_payload select_indices() {
@@ -1634,7 +1668,7 @@ class lgc_ring_node {
   std::uint64_t step_ = 0, training_steps_ = 0, rejected_steps_ = 0;
   float last_loss_ = 0.0f;
   lgc_traffic last_, total_;
-  std::vector<float> buffer_, mid_, decoded_;
+  std::vector<float> buffer_, mid_, decoded_, own_error_;
   lgc_index_payload index_set_;
 };
 

@@ -288,6 +288,57 @@ TEST_CASE("lgc ring: after online training the decoded average approaches the tr
   CHECK(e_trained < 0.5 * e_untrained);
 }
 
+TEST_CASE("lgc ring: with error feedback, what was applied plus the residual is what went in (conservation)") {
+  // One node, momentum 0: the output of a step is what the node applied
+  // (dense, its top-k values, or the decode of its own code), and the
+  // residual is what it still owes. With feedback_reconstruction_error the
+  // autoencoder's error goes back into the residual, so for every layer
+  //   sum of inputs == sum of outputs + residual;
+  // without it that error is lost, which the same check must detect.
+  auto defect = [](bool feedback) {
+    auto o = small_options(1, 20, 0.0f);
+    o.optimizer = lgc_optimizer::adam;
+    o.learning_rate = 3e-3f;
+    o.feedback_reconstruction_error = feedback;
+    std::vector<double> worst(model.size(), 0.0);
+    transport::run_workers(1, [&](transport::inproc_endpoint& ep) {
+      lgc_ring_node<> node(0, 1, model, o);
+      std::vector<std::vector<double>> in(model.size()), out(model.size());
+      for (std::size_t l = 0; l < model.size(); ++l) in[l].assign(model[l], 0.0), out[l].assign(model[l], 0.0);
+      for (std::uint64_t s = 0; s < 31; ++s) {
+        auto g = hot_gradient(0, s, model);
+        for (std::size_t l = 0; l < model.size(); ++l)
+          for (std::size_t i = 0; i < model[l]; ++i) in[l][i] += g[l][i];
+        node.step(ep, spans(g));
+        for (std::size_t l = 0; l < model.size(); ++l)
+          for (std::size_t i = 0; i < model[l]; ++i) out[l][i] += g[l][i];
+      }
+      REQUIRE(node.phase() == lgc_phase::compressed);
+      for (std::size_t l = 0; l < model.size(); ++l) {
+        const auto r = node.residual(l);
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < model[l]; ++i) {
+          const double d = in[l][i] - out[l][i] - (r.empty() ? 0.0 : double(r[i]));
+          num += d * d;
+          den += in[l][i] * in[l][i];
+        }
+        worst[l] = std::sqrt(num / den);
+      }
+    });
+    return worst;
+  };
+  const auto with = defect(true), without = defect(false);
+  for (std::size_t l = 0; l < model.size(); ++l) {
+    CAPTURE(l);
+    CHECK(with[l] < 1e-5);
+  }
+  // Layers 1 and 2 go through the autoencoder: there the error is lost without feedback.
+  CHECK(without[1] > 1e-3);
+  CHECK(without[2] > 1e-3);
+  CHECK(without[3] < 1e-5);  // the top-k-only layer conserves either way
+  CHECK_THROWS_AS(lgc_ring_node<>(0, 1, model, small_options(1, 1, 0.0f)).residual(model.size()), invalid_argument_error);
+}
+
 namespace {
 struct ps_record {
   std::vector<std::vector<std::vector<float>>> inputs, outputs;
