@@ -81,6 +81,7 @@ struct run_options {
   std::size_t lgc_phase1 = 100;  ///< dense warm-up steps
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
   std::string lgc_momentum = "dgc";  ///< dgc | plain online
+  bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
 };
 
 /// One gradient tensor of the model, as the exchange sees it.

@@ -662,6 +662,7 @@ gradcomp::lgc_options lgc_config(const run_options& o, std::size_t autoencoder_v
   l.schedule.full_iterations = o.lgc_phase1;
   l.schedule.training_iterations = o.lgc_phase2;
   l.seed = o.seed;
+  l.feedback_reconstruction_error = o.lgc_feedback;
   const std::size_t r = l.architecture.reduction();
   l.window = std::clamp<std::size_t>(autoencoder_values / r * r, r, 1024);
   return l;

@@ -665,6 +665,9 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--lgc-phase1", o.lgc_phase1, "LGC: dense warm-up steps")->capture_default_str();
   app.add_option("--lgc-momentum", o.lgc_momentum, "LGC and momentum: dgc (in the node) or plain (SGD at lr/(1-m))")
       ->capture_default_str();
+  app.add_option("--lgc-feedback", o.lgc_feedback,
+                 "LGC: add each node's autoencoder reconstruction error back to its accumulator (beyond the paper)")
+      ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
       ->capture_default_str();
 
