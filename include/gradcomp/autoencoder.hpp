@@ -1271,12 +1271,6 @@ struct lgc_accumulator {
       axpby_update(Policy{}, std::span<float>(v[l]), g, 1.0f, 1.0f);
     }
   }
-  /// Adds err[at + j] to v[idx[j]] (error feedback); returns at + idx.size().
-  std::size_t give_back(std::size_t l, std::span<const std::uint32_t> idx, std::span<const float> err, std::size_t at) {
-    auto& vl = v[l];
-    for (std::uint32_t i : idx) vl[i] += err[at++];
-    return at;
-  }
   /// Appends v[idx] to out and clears v and u there.
   void take(std::size_t l, std::span<const std::uint32_t> idx, std::vector<float>& out) {
     auto& vl = v[l];
@@ -1573,14 +1567,26 @@ class lgc_ring_node {
   /// the entries this node just sent through the autoencoder.
   template <class Codec>
   void feed_back_error(const Codec& codec, const lgc_code_payload& own, std::span<const float> scales) {
-    own_error_.resize(layout_.mu);
-    codec.decode(std::span<const float>(own.codes), scales, own_error_);
-    for (std::size_t i = 0; i < own_error_.size(); ++i) own_error_[i] = mid_[i] - own_error_[i];
+    own_decoded_.resize(layout_.mu);
+    codec.decode(std::span<const float>(own.codes), scales, own_decoded_);
     std::size_t at = 0;
+    for_each_autoencoder_layer([&](std::size_t l, const std::vector<std::uint32_t>& idx) {
+      auto& vl = acc_.v[l];
+      for (std::uint32_t i : idx) {
+        vl[i] += mid_[at] - own_decoded_[at];
+        ++at;
+      }
+    });
+  }
+
+  /// Calls fn(l, indices) for each autoencoder layer of this iteration's
+  /// index set, in the order its values take in mid_ and in the codes.
+  template <class Fn>
+  void for_each_autoencoder_layer(Fn&& fn) const {
     for (std::size_t l = 0, j = 0; l < layout_.roles.size(); ++l) {
       if (layout_.roles[l] == lgc_layer_role::dense) continue;
       const auto& idx = index_set_.indices[j++];
-      if (layout_.roles[l] == lgc_layer_role::autoencoder) at = acc_.give_back(l, idx, own_error_, at);
+      if (layout_.roles[l] == lgc_layer_role::autoencoder) fn(l, idx);
     }
   }
 
@@ -1617,14 +1623,11 @@ class lgc_ring_node {
 
   /// Scatters the autoencoder values (mu, in index-set order) into their layers.
   void write_sparse_output(std::span<const std::span<float>> layers, std::span<const float> values) {
-    std::size_t j = 0, v = 0;
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      if (layout_.roles[l] == lgc_layer_role::dense) continue;
-      const auto& idx = index_set_.indices[j++];
-      if (layout_.roles[l] != lgc_layer_role::autoencoder) continue;
+    std::size_t v = 0;
+    for_each_autoencoder_layer([&](std::size_t l, const std::vector<std::uint32_t>& idx) {
       std::fill(layers[l].begin(), layers[l].end(), 0.0f);
       for (std::uint32_t i : idx) layers[l][i] = values[v++];
-    }
+    });
   }
 
   void train(std::span<const std::span<const float>> vectors, std::span<const float> scales) {
@@ -1668,7 +1671,7 @@ class lgc_ring_node {
   std::uint64_t step_ = 0, training_steps_ = 0, rejected_steps_ = 0;
   float last_loss_ = 0.0f;
   lgc_traffic last_, total_;
-  std::vector<float> buffer_, mid_, decoded_, own_error_;
+  std::vector<float> buffer_, mid_, decoded_, own_decoded_;
   lgc_index_payload index_set_;
 };
 
