@@ -89,12 +89,15 @@ endif()
 # zlib: autoencoder.hpp (LGC, seed 004) DEFLATEs its index sets with zlib, so
 # that one header needs ZLIB::ZLIB linked. gradcomp::lgc links it for this build
 # tree (tests, benches, add_subdirectory/FetchContent users). It is not an
-# exported component: users of an installed gradcomp link ZLIB::ZLIB themselves.
+# exported component: users of an installed gradcomp link ZLIB::ZLIB themselves
+# (and define GRADCOMP_HAS_ZLIB=1 for gradcomp.hpp to include autoencoder.hpp).
 find_package(ZLIB)
 if(ZLIB_FOUND)
   add_library(gradcomp_lgc INTERFACE)
   add_library(gradcomp::lgc ALIAS gradcomp_lgc)
   target_link_libraries(gradcomp_lgc INTERFACE gradcomp ZLIB::ZLIB)
+  # gradcomp.hpp brings the LGC headers in only where zlib is linked.
+  target_compile_definitions(gradcomp_lgc INTERFACE GRADCOMP_HAS_ZLIB=1)
 endif()
 
 list(JOIN GRADCOMP_BUILT_COMPONENTS " " _gradcomp_components_text)

@@ -11,24 +11,10 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/payloads/dense.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
-
-/// Payload of dense_codec: the floats themselves.
-struct dense_payload {
-  static constexpr wire::codec_id wire_codec = wire::codec_id::dense;
-  std::vector<float> values;
-
-  std::uint64_t element_count() const noexcept { return values.size(); }
-  std::size_t body_size() const noexcept { return values.size() * sizeof(float); }
-  void write_body(wire::writer& w) const { w.put_array<float>(values); }
-  static dense_payload read_body(wire::reader& r, const wire::header& h) {
-    if (h.body_length != h.element_count * sizeof(float))
-      wire::reader::fail(wire::wire_errc::malformed_body, "dense body length is not 4 x element count");
-    return dense_payload{r.get_vector<float>(h.element_count)};
-  }
-};
 
 /// The identity codec. Linear: payloads add element-wise.
 /// Non-finite policy: rejected at encode with non_finite_error.

@@ -1,8 +1,10 @@
 #pragma once
 /// \file gradcomp.hpp
-/// Umbrella header: every codec, driver and the in-process transport.
-/// Backend-specific headers (transport/mpi.hpp, system/thrust/...) are
-/// included separately, with their CMake component.
+/// Umbrella header: every codec, driver and the in-process transport that
+/// needs only Eigen. The LGC autoencoder needs zlib: it comes too when the
+/// gradcomp::lgc component is linked (GRADCOMP_HAS_ZLIB). Backend-specific
+/// headers (transport/mpi.hpp, system/thrust/...) are included separately,
+/// with their CMake component.
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/dense.hpp>
@@ -12,11 +14,18 @@
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/payloads/dense.hpp>
 #include <gradcomp/qsgd.hpp>
+#include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/sparsify.hpp>
+#include <gradcomp/tags.hpp>
+#include <gradcomp/transport/inproc.hpp>
 #include <gradcomp/two_bit.hpp>
 #include <gradcomp/wire.hpp>
+#if defined(GRADCOMP_HAS_ZLIB)
+#include <gradcomp/autoencoder.hpp>
+#endif
 
 namespace gradcomp {
 
