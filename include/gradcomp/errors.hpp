@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gradcomp {
 
@@ -50,6 +51,26 @@ class non_finite_error : public error {
 
 /// An operation called in a state that does not allow it (encode before a basis exists, ...).
 class state_error : public error {
+ public:
+  using error::error;
+};
+
+/// A saved state (or checkpoint) was made with another value of one of the
+/// restoring object's options; `option()` names it. Nothing is restored.
+class option_mismatch_error : public state_error {
+ public:
+  option_mismatch_error(const std::string& where, std::string option)
+      : state_error(where + ": the state was saved with another value of option '" + option + "'"),
+        option_(std::move(option)) {}
+  const std::string& option() const noexcept { return option_; }
+
+ private:
+  std::string option_;
+};
+
+/// Gradients, payloads or a checkpoint laid out for another model: other
+/// layers, other lengths, another plan or world size.
+class layout_error : public error {
  public:
   using error::error;
 };
