@@ -19,7 +19,7 @@ std::vector<std::byte> bytes_of(int value, std::size_t length) {
 }  // namespace
 
 TEST_CASE("point-to-point round the ring, many lengths") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{3} << 20}) {
@@ -34,17 +34,17 @@ TEST_CASE("point-to-point round the ring, many lengths") {
 }
 
 TEST_CASE("messages with the same source and tag arrive in order") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  std::vector<mpi_transport::send_handle> sends;
+  std::vector<transport::mpi_transport::send_handle> sends;
   for (int k = 0; k < 10; ++k) sends.push_back(t.isend(next, 3, bytes_of(k, 16)));
   for (int k = 0; k < 10; ++k) CHECK(t.irecv(prev, 3).wait().bytes == bytes_of(k, 16));
   for (auto& s : sends) s.wait();
 }
 
 TEST_CASE("any_source gathers one message from every other rank") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   if (r == 0) {
     std::vector<int> seen(n, 0);
@@ -64,9 +64,9 @@ TEST_CASE("any_source gathers one message from every other rank") {
 }
 
 TEST_CASE("a peer that never sends gives a timeout_error, not a hang") {
-  mpi_transport_options options;
+  transport::mpi_transport_options options;
   options.timeout = std::chrono::milliseconds(200);
-  mpi_transport t(MPI_COMM_WORLD, options);
+  transport::mpi_transport t(MPI_COMM_WORLD, options);
   auto h = t.irecv((t.rank() + 1) % t.size(), 99);
   CHECK_THROWS_AS(h.wait(), timeout_error);
   auto h2 = t.irecv(any_source, 98);
@@ -75,19 +75,19 @@ TEST_CASE("a peer that never sends gives a timeout_error, not a hang") {
 }
 
 TEST_CASE("bad ranks and tags are typed errors") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   CHECK_THROWS_AS(t.isend(t.size(), 0, {}), invalid_argument_error);
   CHECK_THROWS_AS(t.isend(-2, 0, {}), invalid_argument_error);
   CHECK_THROWS_AS(t.irecv(t.size() + 3, 0), invalid_argument_error);
   CHECK_THROWS_AS(t.isend(0, -1, {}), invalid_argument_error);
   CHECK_THROWS_AS(t.isend(0, t.max_tag() + 1, {}), invalid_argument_error);
-  CHECK_THROWS_AS(mpi_transport(MPI_COMM_NULL), invalid_argument_error);
+  CHECK_THROWS_AS(transport::mpi_transport(MPI_COMM_NULL), invalid_argument_error);
 }
 
 TEST_CASE("gradcomp traffic does not mix with the application's own messages") {
   // The transport duplicates the communicator: a user message with the same
   // tag on MPI_COMM_WORLD is not matched by the transport's receive.
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   int user_value = 1000 + r, user_in = -1;
@@ -103,8 +103,8 @@ TEST_CASE("gradcomp traffic does not mix with the application's own messages") {
 }
 
 TEST_CASE("zero-copy: isend_view and irecv_into move caller-owned memory") {
-  static_assert(ZeroCopyTransport<mpi_transport>);
-  mpi_transport t(MPI_COMM_WORLD);
+  static_assert(ZeroCopyTransport<transport::mpi_transport>);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   for (std::size_t length : {std::size_t{0}, std::size_t{5}, std::size_t{1} << 22}) {
@@ -120,7 +120,7 @@ TEST_CASE("zero-copy: isend_view and irecv_into move caller-owned memory") {
 }
 
 TEST_CASE("irecv_into: a message longer than the buffer is an error, not a silent truncation") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   std::vector<std::byte> small(8);
@@ -132,9 +132,9 @@ TEST_CASE("irecv_into: a message longer than the buffer is an error, not a silen
 }
 
 TEST_CASE("irecv_into with a timeout, and a handle dropped unwaited is cancelled safely") {
-  mpi_transport_options options;
+  transport::mpi_transport_options options;
   options.timeout = std::chrono::milliseconds(100);
-  mpi_transport t(MPI_COMM_WORLD, options);
+  transport::mpi_transport t(MPI_COMM_WORLD, options);
   std::vector<std::byte> buffer(16);
   {
     auto h = t.irecv_into((t.rank() + 1) % t.size(), 23, buffer);

@@ -38,7 +38,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 
-namespace gradcomp {
+namespace gradcomp::transport {
 
 namespace detail {
 
@@ -332,7 +332,7 @@ class mpi_transport {
     int initialised = 0;
     MPI_Initialized(&initialised);
     if (!initialised)
-      throw transport_error("gradcomp mpi: MPI is not initialised (call MPI_Init or use gradcomp::mpi_environment)");
+      throw transport_error("gradcomp mpi: MPI is not initialised (call MPI_Init or use gradcomp::transport::mpi_environment)");
     if (comm == MPI_COMM_NULL) throw invalid_argument_error("gradcomp mpi: communicator is MPI_COMM_NULL");
     detail::mpi_check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     detail::mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -463,4 +463,13 @@ class mpi_transport {
 
 static_assert(ZeroCopyTransport<mpi_transport>);
 
+}  // namespace gradcomp::transport
+
+namespace gradcomp {
+// Every transport lives in gradcomp::transport; these names are the old
+// spelling, kept for one release.
+using mpi_transport [[deprecated("use gradcomp::transport::mpi_transport")]] = transport::mpi_transport;
+using mpi_environment [[deprecated("use gradcomp::transport::mpi_environment")]] = transport::mpi_environment;
+using mpi_transport_options [[deprecated("use gradcomp::transport::mpi_transport_options")]] =
+    transport::mpi_transport_options;
 }  // namespace gradcomp
