@@ -12,6 +12,9 @@
 ///   send completes (MPI_Isend never sees a dangling pointer).
 /// - irecv() does not know the size in advance: it matches with
 ///   MPI_Improbe and receives with MPI_Mrecv, so any message length works.
+///   Where the MPI library has no matched probe (SimGrid's SMPI), it probes
+///   with MPI_Iprobe and receives that message with MPI_Recv, which is exact
+///   while one thread at a time uses the transport (see GRADCOMP_MPI_MATCHED_PROBE).
 ///   Matching happens when the handle is first tested or waited; receives
 ///   with the same (source, tag) should be waited in posting order.
 /// - isend_view() / irecv_into() (ZeroCopyTransport) send from and receive
@@ -19,9 +22,20 @@
 ///   allocation; the ring all-reduce uses them when the transport has them.
 /// - wait() polls with a short back-off and throws timeout_error after the
 ///   transport's timeout, so a peer that dies or stops mid-collective gives
-///   the survivors an error instead of a hang.
-/// - One thread at a time per mpi_transport (MPI_THREAD_SERIALIZED is
-///   enough); use one transport per thread with MPI_THREAD_MULTIPLE.
+///   the survivors an error instead of a hang. Deadlines are measured with
+///   MPI_Wtime, so under SMPI they run on simulated time; there (where no
+///   rank can die and SMPI reports deadlocks itself) waits block in MPI
+///   instead of polling, so no simulated time is spent in MPI_Test calls.
+/// - Thread level: gradcomp's drivers call MPI from one thread, so
+///   MPI_THREAD_SINGLE is enough when the program's main thread runs them
+///   (mpi_environment's default; SMPI provides no more). A program that runs
+///   gradcomp on another thread needs FUNNELED, from several threads (one
+///   transport per thread) MULTIPLE.
+///
+/// Configuration macros (define before including to override):
+/// - GRADCOMP_MPI_SIMULATED: 1 under SimGrid's SMPI (detected from its mpi.h).
+/// - GRADCOMP_MPI_MATCHED_PROBE: 1 to receive with MPI_Improbe/MPI_Mrecv,
+///   0 for MPI_Iprobe/MPI_Recv; default 1, except 0 under SMPI.
 
 #include <mpi.h>
 
@@ -30,6 +44,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <ratio>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,9 +53,35 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 
+#if !defined(GRADCOMP_MPI_SIMULATED)
+#if defined(SMPI_H)
+#define GRADCOMP_MPI_SIMULATED 1
+#else
+#define GRADCOMP_MPI_SIMULATED 0
+#endif
+#endif
+#if !defined(GRADCOMP_MPI_MATCHED_PROBE)
+#define GRADCOMP_MPI_MATCHED_PROBE (!GRADCOMP_MPI_SIMULATED)
+#endif
+
 namespace gradcomp::transport {
 
+/// True when built against SimGrid's SMPI (simulated time, blocking waits).
+inline constexpr bool mpi_simulated = GRADCOMP_MPI_SIMULATED != 0;
+
 namespace detail {
+
+/// The clock of every deadline: MPI_Wtime, which is simulated time under SMPI
+/// (a simulated collective may take minutes of real time) and a monotonic
+/// wall clock otherwise.
+struct mpi_wtime_clock {
+  using rep = double;
+  using period = std::ratio<1>;
+  using duration = std::chrono::duration<double>;
+  using time_point = std::chrono::time_point<mpi_wtime_clock>;
+  static constexpr bool is_steady = true;
+  static time_point now() noexcept { return time_point(duration(MPI_Wtime())); }
+};
 
 inline std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -80,7 +121,7 @@ class poll_backoff {
 /// Does nothing if MPI is already initialised (and then does not finalise it).
 class mpi_environment {
  public:
-  mpi_environment(int* argc, char*** argv, int required = MPI_THREAD_SERIALIZED) {
+  mpi_environment(int* argc, char*** argv, int required = MPI_THREAD_SINGLE) {
     int initialised = 0;
     MPI_Initialized(&initialised);
     if (initialised) return;
@@ -114,7 +155,8 @@ struct mpi_transport_options {
 /// A gradcomp::Transport over a duplicate of an MPI communicator.
 class mpi_transport {
  public:
-  using clock = std::chrono::steady_clock;
+  /// The clock of the deadlines (MPI_Wtime).
+  using clock = detail::mpi_wtime_clock;
 
   /// Handle of a pending MPI_Isend; owns the buffer until completion (for
   /// isend_view the caller owns it and keeps it alive until wait()).
@@ -136,7 +178,7 @@ class mpi_transport {
     /// Blocks until the buffer has been handed to MPI (and may be reused).
     void wait() {
       if (!state_) return;
-      if (state_->timeout.count() == 0) {
+      if (state_->timeout.count() == 0 || mpi_simulated) {
         detail::mpi_check(MPI_Wait(&state_->request, MPI_STATUS_IGNORE), "MPI_Wait (send)");
         state_.reset();
         return;
@@ -179,7 +221,7 @@ class mpi_transport {
     std::unique_ptr<state> state_;
   };
 
-  /// Handle of a pending receive of unknown length (MPI_Improbe + MPI_Mrecv).
+  /// Handle of a pending receive of unknown length (matched probe + receive).
   class recv_handle {
    public:
     recv_handle() = default;
@@ -188,6 +230,10 @@ class mpi_transport {
 
     /// Blocks until the message has arrived and returns it.
     message wait() {
+      if (!received_ && (timeout_.count() == 0 || mpi_simulated)) {
+        MPI_Status status;
+        detail::mpi_check(MPI_Probe(source_, tag_, comm_, &status), "MPI_Probe");
+      }
       detail::poll_backoff backoff;
       while (!test()) {
         if (timeout_.count() > 0 && clock::now() - started_ > timeout_)
@@ -203,9 +249,13 @@ class mpi_transport {
     bool test() {
       if (received_) return true;
       int found = 0;
-      MPI_Message handle;
       MPI_Status status;
+#if GRADCOMP_MPI_MATCHED_PROBE
+      MPI_Message handle;
       detail::mpi_check(MPI_Improbe(source_, tag_, comm_, &found, &handle, &status), "MPI_Improbe");
+#else
+      detail::mpi_check(MPI_Iprobe(source_, tag_, comm_, &found, &status), "MPI_Iprobe");
+#endif
       if (!found) return false;
       int count = 0;
       detail::mpi_check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
@@ -213,7 +263,13 @@ class mpi_transport {
       m.source = status.MPI_SOURCE;
       m.tag = status.MPI_TAG;
       m.bytes.resize(static_cast<std::size_t>(count));
+#if GRADCOMP_MPI_MATCHED_PROBE
       detail::mpi_check(MPI_Mrecv(m.bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+#else
+      // The probed message: same source and tag, and no receive in between
+      // (one thread at a time per transport), so MPI delivers exactly it.
+      detail::mpi_check(MPI_Recv(m.bytes.data(), count, MPI_BYTE, m.source, m.tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+#endif
       received_ = std::move(m);
       return true;
     }
@@ -265,7 +321,7 @@ class mpi_transport {
 
     /// Blocks until the message is in the buffer; returns its length in bytes.
     std::size_t wait() {
-      if (timeout_.count() == 0 && request_ != MPI_REQUEST_NULL) {
+      if ((timeout_.count() == 0 || mpi_simulated) && request_ != MPI_REQUEST_NULL) {
         MPI_Status status;
         const int code = MPI_Wait(&request_, &status);
         if (code == MPI_ERR_TRUNCATE) status.MPI_ERROR = MPI_ERR_TRUNCATE;
