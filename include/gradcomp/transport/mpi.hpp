@@ -23,9 +23,10 @@
 /// - wait() polls with a short back-off and throws timeout_error after the
 ///   transport's timeout, so a peer that dies or stops mid-collective gives
 ///   the survivors an error instead of a hang. Deadlines are measured with
-///   MPI_Wtime, so under SMPI they run on simulated time; there (where no
-///   rank can die and SMPI reports deadlocks itself) waits block in MPI
-///   instead of polling, so no simulated time is spent in MPI_Test calls.
+///   MPI_Wtime, so under SMPI they run on simulated time. With no timeout
+///   (zero: SMPI's default, where no rank can die and SMPI reports deadlocks
+///   itself) waits block in MPI instead of polling, so a simulated run
+///   spends no simulated time in MPI_Test calls.
 /// - Thread level: gradcomp's drivers call MPI from one thread, so
 ///   MPI_THREAD_SINGLE is enough when the program's main thread runs them
 ///   (mpi_environment's default; SMPI provides no more). A program that runs
@@ -102,6 +103,7 @@ inline void mpi_check(int code, const char* call) {
 class poll_backoff {
  public:
   void pause() {
+    if constexpr (mpi_simulated) return;  // simulated time advances with each MPI_Test; a real pause only wastes real time
     if (++polls_ < 4096) {
       std::this_thread::yield();
       return;
@@ -148,8 +150,11 @@ class mpi_environment {
 
 /// Options of mpi_transport.
 struct mpi_transport_options {
-  /// How long wait() may block before throwing timeout_error. Zero means forever.
-  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  /// How long wait() may block before throwing timeout_error (measured with
+  /// MPI_Wtime). Zero means forever: wait() then blocks in MPI instead of
+  /// polling. Under SMPI the default is zero, so a simulated run spends no
+  /// simulated time polling; a timeout set there runs on simulated time.
+  std::chrono::milliseconds timeout{mpi_simulated ? std::chrono::milliseconds(0) : std::chrono::milliseconds(120000)};
 };
 
 /// A gradcomp::Transport over a duplicate of an MPI communicator.
@@ -178,7 +183,7 @@ class mpi_transport {
     /// Blocks until the buffer has been handed to MPI (and may be reused).
     void wait() {
       if (!state_) return;
-      if (state_->timeout.count() == 0 || mpi_simulated) {
+      if (state_->timeout.count() == 0) {
         detail::mpi_check(MPI_Wait(&state_->request, MPI_STATUS_IGNORE), "MPI_Wait (send)");
         state_.reset();
         return;
@@ -230,7 +235,7 @@ class mpi_transport {
 
     /// Blocks until the message has arrived and returns it.
     message wait() {
-      if (!received_ && (timeout_.count() == 0 || mpi_simulated)) {
+      if (!received_ && timeout_.count() == 0) {
         MPI_Status status;
         detail::mpi_check(MPI_Probe(source_, tag_, comm_, &status), "MPI_Probe");
       }
@@ -321,7 +326,7 @@ class mpi_transport {
 
     /// Blocks until the message is in the buffer; returns its length in bytes.
     std::size_t wait() {
-      if ((timeout_.count() == 0 || mpi_simulated) && request_ != MPI_REQUEST_NULL) {
+      if (timeout_.count() == 0 && request_ != MPI_REQUEST_NULL) {
         MPI_Status status;
         const int code = MPI_Wait(&request_, &status);
         if (code == MPI_ERR_TRUNCATE) status.MPI_ERROR = MPI_ERR_TRUNCATE;
