@@ -13,7 +13,7 @@ packages=(
   libthrust-dev                                       # gradcomp::thrust (OpenMP device system)
   libopenmpi-dev openmpi-bin                          # gradcomp::mpi, mpirun for the MPI tests
   doctest-dev                                         # unit tests
-  python3                                             # packaging test (emulated Conan run of conanfile.py)
+  python3 python3-venv                                # packaging.conan: a venv with the Conan 2 client from PyPI
   zlib1g-dev libzstd-dev libcli11-dev                 # examples
   libtorch-dev dataset-fashion-mnist gnuplot-nox      # examples/train: end-to-end training demo
 )
