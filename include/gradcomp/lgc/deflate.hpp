@@ -19,7 +19,7 @@ namespace gradcomp {
 namespace detail {
 
 /// raw DEFLATE (zlib, windowBits -15) of `raw`.
-inline std::vector<std::byte> lgc_deflate(std::span<const std::byte> raw, int level) {
+[[nodiscard]] inline std::vector<std::byte> lgc_deflate(std::span<const std::byte> raw, int level) {
   z_stream s{};
   if (deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
     throw invalid_argument_error("lgc: zlib rejected DEFLATE level " + std::to_string(level));
@@ -38,7 +38,7 @@ inline std::vector<std::byte> lgc_deflate(std::span<const std::byte> raw, int le
 
 /// Inflates raw DEFLATE into exactly `raw_length` bytes; anything else
 /// (a corrupt stream, more or less output, unused input) is malformed_body.
-inline std::vector<std::byte> lgc_inflate(std::span<const std::byte> packed, std::size_t raw_length) {
+[[nodiscard]] inline std::vector<std::byte> lgc_inflate(std::span<const std::byte> packed, std::size_t raw_length) {
   // One spare byte: a stream that would inflate to more than raw_length fills it.
   std::vector<std::byte> out(raw_length + 1);
   z_stream s{};

@@ -87,14 +87,18 @@ class basic_lgc_network {
       throw state_error("lgc network: internal shape error");  // guarded by the checks above
   }
 
-  lgc_form form() const noexcept { return form_; }
-  std::size_t decoders() const noexcept { return bodies_.size(); }
-  std::size_t window() const noexcept { return window_; }
-  const lgc_architecture& architecture() const noexcept { return arch_; }
+  /// The form the network was built for.
+  [[nodiscard]] lgc_form form() const noexcept { return form_; }
+  /// Number of decoders (1 in the ring form, K in the parameter-server form).
+  [[nodiscard]] std::size_t decoders() const noexcept { return bodies_.size(); }
+  /// Values per window.
+  [[nodiscard]] std::size_t window() const noexcept { return window_; }
+  /// The hyper-parameters the network was built with.
+  [[nodiscard]] const lgc_architecture& architecture() const noexcept { return arch_; }
   /// Code positions per window (window / 2^depth).
-  std::size_t code_positions() const noexcept { return window_ / arch_.reduction(); }
+  [[nodiscard]] std::size_t code_positions() const noexcept { return window_ / arch_.reduction(); }
   /// Code floats per window (code_channels * window / 2^depth).
-  std::size_t code_length() const noexcept { return arch_.code_channels * code_positions(); }
+  [[nodiscard]] std::size_t code_length() const noexcept { return arch_.code_channels * code_positions(); }
 
   /// Encoder E_c (eqs. 3, 8, 17): x is 1 x (B*window), code is code_channels x (B*code_positions).
   void encode(const tensor& x, tensor& code, workspace& ws) const {
@@ -201,7 +205,7 @@ class basic_lgc_network {
   }
 
   /// Every weight with its gradient: encoder, then each decoder (body, head).
-  std::vector<nn1d::parameter_ref<T>> parameters() {
+  [[nodiscard]] std::vector<nn1d::parameter_ref<T>> parameters() {
     auto out = encoder_.parameters();
     for (std::size_t d = 0; d < bodies_.size(); ++d) {
       for (auto& p : bodies_[d].parameters()) out.push_back(p);
@@ -209,7 +213,8 @@ class basic_lgc_network {
     }
     return out;
   }
-  std::size_t parameter_count() {
+  /// Number of weights (encoder and every decoder).
+  [[nodiscard]] std::size_t parameter_count() {
     std::size_t n = 0;
     for (auto& p : parameters()) n += p.value.size();
     return n;
@@ -225,7 +230,7 @@ class basic_lgc_network {
   /// encoder_only, varint window, varint decoders, then nn1d weight blocks
   /// (encoder, then body and head of each decoder unless encoder_only).
   /// The parameter-server form sends only the encoder to the common worker.
-  std::vector<std::byte> save(bool encoder_only = false) {
+  [[nodiscard]] std::vector<std::byte> save(bool encoder_only = false) {
     std::size_t count = encoder_.parameter_count();
     if (!encoder_only)
       for (std::size_t d = 0; d < bodies_.size(); ++d) count += bodies_[d].parameter_count() + heads_[d].parameter_count();

@@ -120,7 +120,7 @@ struct lgc_index_payload {
   bool is_packed = false;
 
   /// Total number of indices.
-  std::size_t count() const noexcept {
+  [[nodiscard]] std::size_t count() const noexcept {
     std::size_t n = 0;
     for (const auto& v : indices) n += v.size();
     return n;
@@ -249,5 +249,14 @@ struct lgc_index_payload {
     return p;
   }
 };
+
+/// Calls `f.template operator()<P>()` for each LGC payload type (code, index
+/// set). gradcomp.hpp's for_each_payload_type lists the payloads that need no
+/// zlib; the fuzzer and the wire tests add these where zlib is linked.
+template <class F>
+void for_each_lgc_payload_type(F&& f) {
+  f.template operator()<lgc_code_payload>();
+  f.template operator()<lgc_index_payload>();
+}
 
 }  // namespace gradcomp

@@ -32,13 +32,14 @@ struct lgc_schedule {
   std::uint64_t full_iterations = 200;
   std::uint64_t training_iterations = 300;
 
-  lgc_phase phase(std::uint64_t step) const noexcept {
+  /// The phase of iteration `step`.
+  [[nodiscard]] lgc_phase phase(std::uint64_t step) const noexcept {
     if (step < full_iterations) return lgc_phase::full;
     if (step - full_iterations < training_iterations) return lgc_phase::topk_training;
     return lgc_phase::compressed;
   }
   /// The first compressed step (weights are distributed at its start).
-  std::uint64_t first_compressed() const noexcept { return full_iterations + training_iterations; }
+  [[nodiscard]] std::uint64_t first_compressed() const noexcept { return full_iterations + training_iterations; }
 };
 
 /// Tags the LGC forms use from their tag_base: tag_base .. tag_base + 19
@@ -155,7 +156,8 @@ struct lgc_layout {
                                    " top-k values per iteration) is shorter than one window (" +
                                    std::to_string(o.window) + "); use a smaller window");
   }
-  std::size_t windows(std::size_t window) const noexcept { return detail::lgc_window_count(mu, window); }
+  /// Windows of the autoencoder input (ceil(mu / window)).
+  [[nodiscard]] std::size_t windows(std::size_t window) const noexcept { return detail::lgc_window_count(mu, window); }
 };
 
 /// Bytes of one node (or one run) for the compression-ratio accounting.
@@ -170,7 +172,8 @@ struct lgc_traffic {
   std::uint64_t payload_bytes = 0;
   std::uint64_t wire_bytes = 0;
 
-  double compression_ratio() const noexcept {
+  /// The paper's CR: original_bytes / payload_bytes (0 before any payload).
+  [[nodiscard]] double compression_ratio() const noexcept {
     return payload_bytes ? double(original_bytes) / double(payload_bytes) : 0.0;
   }
   lgc_traffic& operator+=(const lgc_traffic& o) noexcept {

@@ -36,11 +36,15 @@ class basic_lgc_trainer {
   basic_lgc_trainer(basic_lgc_network<T> initial, lgc_optimizer opt = lgc_optimizer::sgd, T learning_rate = T(1e-3))
       : net_(std::move(initial)), kind_(opt), sgd_(learning_rate), adam_(learning_rate) {}
 
-  const basic_lgc_network<T>& network() const noexcept { return net_; }
-  basic_lgc_network<T>& network() noexcept { return net_; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  std::uint64_t rejected_steps() const noexcept { return rejected_; }
-  T last_loss() const noexcept { return last_loss_; }
+  /// The network being trained.
+  [[nodiscard]] const basic_lgc_network<T>& network() const noexcept { return net_; }
+  [[nodiscard]] basic_lgc_network<T>& network() noexcept { return net_; }
+  /// Steps taken (committed).
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+  /// Steps rolled back (non-finite loss, gradient or weight).
+  [[nodiscard]] std::uint64_t rejected_steps() const noexcept { return rejected_; }
+  /// Loss of the last committed step.
+  [[nodiscard]] T last_loss() const noexcept { return last_loss_; }
 
   /// One ring step (eqs. 9-11) on K node vectors of equal length (>= one
   /// window), each divided per window by `scales` (one per window; empty =

@@ -18,7 +18,7 @@ namespace gradcomp {
 namespace detail {
 
 /// Number of windows for n values: ceil(n / w).
-inline std::size_t lgc_window_count(std::size_t n, std::size_t w) noexcept { return (n + w - 1) / w; }
+[[nodiscard]] inline std::size_t lgc_window_count(std::size_t n, std::size_t w) noexcept { return (n + w - 1) / w; }
 
 /// Per-window scale: the RMS of the window's values (the last window's real
 /// values only), 1 when that is zero or subnormal. Dividing by it makes every

@@ -167,7 +167,7 @@ void read_weights(wire::reader& r, sequential<T>& net) {
 /// A network's weights as a self-contained message (wire container, codec
 /// autoencoder, state flag; element_count = parameter count).
 template <class T>
-std::vector<std::byte> save_weights(sequential<T>& net) {
+[[nodiscard]] std::vector<std::byte> save_weights(sequential<T>& net) {
   return wire::serialize_state(wire::codec_id::autoencoder, net.parameter_count(),
                                [&](wire::writer& w) { write_weights(w, net); });
 }
@@ -187,7 +187,7 @@ void load_weights(sequential<T>& net, std::span<const std::byte> bytes) {
 
 /// True when every parameter of `net` is finite.
 template <class T>
-bool all_finite(sequential<T>& net) {
+[[nodiscard]] bool all_finite(sequential<T>& net) {
   for (const auto& p : net.parameters())
     for (T v : p.value)
       if (!std::isfinite(double(v))) return false;

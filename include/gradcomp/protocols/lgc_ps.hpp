@@ -199,7 +199,7 @@ class lgc_ps_server {
   /// Bytes the server sent: the weights once (payload_bytes), the dense downlink (wire_bytes).
   const lgc_traffic& total_traffic() const noexcept { return total_; }
   /// The worker whose code feeds every decoder in training iteration `step`.
-  std::size_t training_common(std::uint64_t step) const noexcept {
+  [[nodiscard]] std::size_t training_common(std::uint64_t step) const noexcept {
     return std::size_t(detail::counter_rng(options_.seed ^ 0x4C47435053ull).stream(step).below(0, std::uint64_t(workers_)));
   }
   /// The aggregate of the last iteration (all layers concatenated).

@@ -68,7 +68,7 @@ class lgc_ring_node {
   /// Phase of the next step().
   lgc_phase phase() const noexcept { return options_.schedule.phase(step_); }
   /// The leader of iteration `step` (a pure function of the seed and the step).
-  int leader(std::uint64_t step) const noexcept {
+  [[nodiscard]] int leader(std::uint64_t step) const noexcept {
     return static_cast<int>(detail::counter_rng(options_.seed ^ 0x4C47435249ull).stream(step).below(0, std::uint64_t(size_)));
   }
   /// The weights in use (decoding); the trained ones from the first compressed step on.
