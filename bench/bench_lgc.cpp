@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <gradcomp/autoencoder.hpp>
+#include <gradcomp/protocols/lgc.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
@@ -112,7 +113,9 @@ int main() {
       for (std::size_t j = 0; j < layout.k[l]; ++j) values.push_back(g[l][(j * 7919) % layers[l]]);
   lgc_code_payload code;
   std::vector<float> decoded(layout.mu);
-  const auto t = interleaved_best(5, {[&] { codec.encode(values, code); }, [&] { codec.decode(code, decoded); }});
+  autoencoder_codec<>::workspace decode_ws;  // the decoder's scratch, warm after the first call
+  const auto t =
+      interleaved_best(5, {[&] { codec.encode(values, code); }, [&] { codec.decode(code, decoded, decode_ws); }});
   const double enc = t[0], dec = t[1];
   const std::size_t topk_bytes = wire::serialized_size(dense_payload{values});
   const std::size_t coo_bytes = topk_bytes + 4 * layout.mu;  // with a 32-bit index per value

@@ -12,7 +12,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
-#include <gradcomp/autoencoder.hpp>
+#include <gradcomp/protocols/lgc.hpp>
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>

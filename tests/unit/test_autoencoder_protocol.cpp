@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <gradcomp/autoencoder.hpp>
+#include <gradcomp/protocols/lgc.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
