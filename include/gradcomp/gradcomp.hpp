@@ -25,12 +25,14 @@
 #include <gradcomp/wire.hpp>
 #if defined(GRADCOMP_HAS_ZLIB)
 #include <gradcomp/autoencoder.hpp>
+#include <gradcomp/protocols/lgc.hpp>
 #endif
 
 namespace gradcomp {
 
 /// Calls `f.template operator()<P>()` for every payload type the library
-/// defines (the fuzzer and the wire tests iterate over them).
+/// defines that needs only Eigen (the fuzzer and the wire tests iterate over
+/// them); the LGC payloads, which need zlib, have for_each_lgc_payload_type.
 template <class F>
 void for_each_payload_type(F&& f) {
   f.template operator()<dense_payload>();
