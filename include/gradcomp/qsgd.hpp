@@ -65,6 +65,7 @@ struct qsgd_payload {
     return header_bytes + norms.size() * sizeof(float) + words.size() * sizeof(std::uint32_t);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<std::uint8_t>(bits);
     w.put<std::uint8_t>(0);
@@ -74,6 +75,7 @@ struct qsgd_payload {
     w.put_array<std::uint32_t>(words);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static qsgd_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     qsgd_payload p;
@@ -108,6 +110,9 @@ struct qsgd_payload {
 
   /// True when every code has level <= levels and no sign on level 0, and
   /// every code slot past element n-1 is zero.
+  /// (A template only so each instruction-set configuration has its own copy:
+  /// abi.hpp.)
+  template <class AbiMarker = execution::abi_marker>
   static bool codes_valid(std::span<const std::uint32_t> words, std::uint64_t n, unsigned bits,
                           unsigned levels) noexcept {
     const unsigned rows = 32 / bits;

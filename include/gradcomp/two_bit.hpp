@@ -59,11 +59,13 @@ struct two_bit_payload {
   std::uint64_t element_count() const noexcept { return count; }
   std::size_t body_size() const noexcept { return sizeof(float) + words.size() * sizeof(std::uint32_t); }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<float>(threshold);
     w.put_array<std::uint32_t>(words);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static two_bit_payload read_body(wire::reader& r, const wire::header& h) {
     const std::uint64_t n = h.element_count;
     const std::uint64_t nwords = two_bit_word_count(n);
@@ -85,6 +87,9 @@ struct two_bit_payload {
 
   /// True when no word holds the unused code 01 and every code past element
   /// n-1 is 00.
+  /// (A template only so each instruction-set configuration has its own copy:
+  /// abi.hpp.)
+  template <class AbiMarker = execution::abi_marker>
   static bool codes_valid(std::span<const std::uint32_t> words, std::uint64_t n) noexcept {
     std::uint32_t bad = 0;
     for (const std::uint32_t w : words) bad |= w & ~(w >> 1) & 0x55555555u;  // positive bit without non-zero bit

@@ -11,6 +11,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// acc[i] += x[i]. Sizes are checked by the caller.
 inline void add_into(seq, std::span<float> acc, std::span<const float> x) noexcept {
@@ -38,4 +39,5 @@ inline std::size_t find_non_finite(seq, std::span<const float> x) noexcept {
   return x.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

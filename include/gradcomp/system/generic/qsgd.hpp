@@ -35,6 +35,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// acc + x*x, fused where the target has a fused multiply-add (see above).
 inline float qsgd_add_square(float acc, float x) noexcept {
@@ -315,4 +316,5 @@ inline void qsgd_dequantize_add(seq, std::span<const std::uint32_t> words, std::
   qsgd_dequantize_into<true>(seq{}, words, norms, p, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

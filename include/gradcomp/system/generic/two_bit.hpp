@@ -22,6 +22,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// What the scan before a two-bit encode found.
 struct two_bit_prescan_result {
@@ -159,4 +160,5 @@ inline void two_bit_dequantize_add(seq, std::span<const std::uint32_t> words, fl
     o[i] = o[i] + two_bit_code_value(words[full] >> (2 * (i % 16)), thr);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -35,6 +35,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace qsgd_simd_detail {
 
@@ -261,6 +262,7 @@ inline void qsgd_dequantize_add(simd, std::span<const std::uint32_t> words, std:
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
 
 #if defined(__GNUC__) && !defined(__clang__)

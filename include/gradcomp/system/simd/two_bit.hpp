@@ -29,6 +29,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace two_bit_simd_detail {
 
@@ -212,6 +213,7 @@ inline void two_bit_dequantize_add(simd, std::span<const std::uint32_t> words, f
   two_bit_simd_detail::dequantize<true>(words, thr, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
 
 #if defined(__GNUC__) && !defined(__clang__)

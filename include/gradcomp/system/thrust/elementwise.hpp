@@ -15,6 +15,7 @@
 #include <thrust/transform_reduce.h>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -87,4 +88,5 @@ std::size_t find_non_finite(thrust<P>, std::span<const float> x) {
   return thrust_detail::first_non_finite<P>(v.data(), x.size());
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

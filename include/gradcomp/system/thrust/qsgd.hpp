@@ -26,6 +26,7 @@
 #include <gradcomp/system/thrust/elementwise.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -329,4 +330,5 @@ void qsgd_dequantize_add(thrust<P>, std::span<const std::uint32_t> words, std::s
   thrust_detail::qsgd_dequantize_any<P, true>(words, norms, p, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -22,6 +22,7 @@
 #include <gradcomp/system/thrust/elementwise.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -206,4 +207,5 @@ void two_bit_dequantize_add(thrust<P>, std::span<const std::uint32_t> words, flo
   thrust_detail::two_bit_dequantize_impl<P, true>(words, thr, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
