@@ -8,6 +8,9 @@
 /// policy and every codec instantiated over one has a symbol of its own per
 /// instruction-set configuration.
 
+#include <concepts>
+#include <type_traits>
+
 #include <gradcomp/abi.hpp>
 
 namespace gradcomp::execution {
@@ -30,3 +33,14 @@ inline constexpr bool simd_available = false;
 
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
+
+namespace gradcomp {
+
+/// A policy is an empty, trivially copyable tag derived from execution::seq
+/// (execution.hpp). Declared here so concepts.hpp can name it without
+/// including any kernel (and so xsimd or Thrust).
+template <class P>
+concept ExecutionPolicy = std::derived_from<P, execution::seq> && std::is_empty_v<P> &&
+                          std::is_trivially_copyable_v<P> && std::default_initializable<P>;
+
+}  // namespace gradcomp

@@ -251,7 +251,7 @@ qsgd_quantize_result quantize_seq(std::span<const float> x, const qsgd_params& p
 /// (qsgd_word_count(n, bits) entries, fully overwritten). Element i's random
 /// draw is counter_stream(stream_key).uniform_float(i). Stops at the first
 /// bad bucket and says why; `norms` and `words` are then unspecified.
-inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
+[[nodiscard]] inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
                                           std::span<float> norms, std::span<std::uint32_t> words) noexcept {
   switch (p.bits) {
     case 2: return qsgd_detail::quantize_seq<2>(x, p, norms, words);

@@ -31,7 +31,7 @@ inline void add_into(simd, std::span<float> acc, std::span<const float> x) noexc
 }
 
 /// Index of the first NaN or infinity in x, or x.size(); vectorised scan.
-inline std::size_t find_non_finite(simd, std::span<const float> x) noexcept {
+[[nodiscard]] inline std::size_t find_non_finite(simd, std::span<const float> x) noexcept {
   using batch = xsimd::batch<float>;
   constexpr std::size_t width = batch::size;
   const batch max_finite(std::numeric_limits<float>::max());

@@ -233,7 +233,7 @@ void dequantize(std::span<const std::uint32_t> words, std::span<const float> nor
 }  // namespace qsgd_simd_detail
 
 /// Vectorised qsgd_quantize (same norms and words as the seq kernel).
-inline qsgd_quantize_result qsgd_quantize(simd, std::span<const float> x, const qsgd_params& p,
+[[nodiscard]] inline qsgd_quantize_result qsgd_quantize(simd, std::span<const float> x, const qsgd_params& p,
                                           std::span<float> norms, std::span<std::uint32_t> words) noexcept {
   switch (p.bits) {
     case 2: return qsgd_simd_detail::quantize<2>(x, p, norms, words);

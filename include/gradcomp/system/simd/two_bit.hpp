@@ -64,7 +64,7 @@ inline float horizontal_max(const fbatch& v) noexcept {
 }  // namespace two_bit_simd_detail
 
 /// Vectorised two_bit_prescan (same result as the seq kernel, bit for bit).
-inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradient,
+[[nodiscard]] inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradient,
                                               std::span<const float> residual) noexcept {
   using namespace two_bit_simd_detail;
   const fbatch max_finite(std::numeric_limits<float>::max());
@@ -117,7 +117,7 @@ inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradi
 }
 
 /// Vectorised two_bit_quantize: one pass over gradient and residual.
-inline float two_bit_quantize(simd, std::span<const float> gradient, std::span<float> residual, float thr,
+[[nodiscard]] inline float two_bit_quantize(simd, std::span<const float> gradient, std::span<float> residual, float thr,
                               std::span<std::uint32_t> words) noexcept {
   using namespace two_bit_simd_detail;
   const std::size_t n = gradient.size();

@@ -83,7 +83,7 @@ void add_into(thrust<P>, std::span<float> acc, std::span<const float> x) {
 
 /// Index of the first NaN or infinity in x, or x.size() when all are finite.
 template <class P>
-std::size_t find_non_finite(thrust<P>, std::span<const float> x) {
+[[nodiscard]] std::size_t find_non_finite(thrust<P>, std::span<const float> x) {
   thrust_detail::operand<P, const float> v(x);
   return thrust_detail::first_non_finite<P>(v.data(), x.size());
 }
