@@ -26,14 +26,18 @@
 /// type, then has a symbol per configuration. (GCC's abi_tag attribute would
 /// do it for plain functions, but GCC ignores it on function templates.)
 ///
-/// Macros (all documented here; the GRADCOMP_ABI_FEATURE_* ones are private
-/// and expand to a tag component or to nothing):
+/// Macros (all documented here). Private helpers, which stay defined because
+/// GRADCOMP_ABI_TAG expands through them where it is used:
+/// GRADCOMP_ABI_FEATURE_* (one tag component each, or nothing),
+/// GRADCOMP_ABI_CONCAT(_EX), GRADCOMP_ABI_VERSION(_EX), GRADCOMP_ABI_STRINGIFY(_EX).
+/// Public:
 ///   GRADCOMP_VERSION_MAJOR / _MINOR / _PATCH   the library version (CMake checks it against project()).
 ///   GRADCOMP_ABI_TAG            the namespace name, e.g. abi_v0_1_avx2_fma_xsimd. A build may
 ///                               predefine it to pin one name; then it alone answers for mixing flags.
 ///   GRADCOMP_ABI_TAG_STRING     the same, as a string literal.
 ///   GRADCOMP_ABI_NAMESPACE_BEGIN / _END   open and close the inline namespace; used inside
-///                               `namespace gradcomp::execution { ... }` (never at global scope).
+///                               `namespace gradcomp::execution { ... }` (kernels), `gradcomp::wire`
+///                               (its functions) and `gradcomp::detail` (helpers), never at global scope.
 ///
 /// Components, in order: avx512f, avx512bw, avx512dq, avx512vl, avx2, avx, fma, f16c, sse4_2,
 /// neon, sve (the instruction sets the compiler may use), xsimd (GRADCOMP_HAS_XSIMD:
