@@ -83,7 +83,8 @@ int main() {
     check(isa.qsgd_norms[s].size() == base.qsgd_norms[s].size(), "qsgd bucket counts differ between the units");
     for (std::size_t b = 0; b < isa.qsgd_norms[s].size() && b < base.qsgd_norms[s].size(); ++b) {
       const float x = isa.qsgd_norms[s][b], y = base.qsgd_norms[s][b];
-      check(std::fabs(x - y) <= 1e-6f * std::fabs(y), "qsgd norms differ by more than float rounding between the units");
+      check(std::fabs(x - y) <= 1e-6f * std::fabs(y),
+            "qsgd norms differ by more than float rounding between the units");
     }
   }
 
