@@ -1,7 +1,11 @@
 #pragma once
 /// \file concepts.hpp
 /// The concepts every piece plugs into: Codec, LinearCodec, StatefulCodec,
-/// Transport (and its handles), ExecutionPolicy (execution.hpp), WirePayload (wire.hpp).
+/// Transport (and its handles), ExecutionPolicy (detail/policy_tags.hpp, with the
+/// tags; the kernels are in execution.hpp), WirePayload (wire.hpp).
+///
+/// Only the policy tags are included, never a kernel: the transport headers
+/// include this one, and must not pull in xsimd or Thrust.
 ///
 /// A codec instance compresses one tensor (one layer's gradient, or one
 /// flattened vector): per-layer behaviour comes from holding one codec per layer.
@@ -16,7 +20,7 @@
 #include <vector>
 
 #include <gradcomp/errors.hpp>
-#include <gradcomp/execution.hpp>
+#include <gradcomp/detail/policy_tags.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {

@@ -24,26 +24,36 @@ class dense_codec {
   using payload_type = dense_payload;
   using codec_concept = linear_codec_tag;
 
+  /// out = the gradient (throws non_finite_error for NaN/Inf, naming the first bad index).
   void encode(std::span<const float> gradient, payload_type& out) const {
     if (auto bad = find_non_finite(Policy{}, gradient); bad != gradient.size())
       throw non_finite_error("dense_codec::encode", bad);
     out.values.assign(gradient.begin(), gradient.end());
   }
+  /// out = the payload's values (size_mismatch_error if the lengths differ).
   void decode(const payload_type& p, std::span<float> out) const {
     if (out.size() != p.values.size()) throw size_mismatch_error("dense_codec::decode", p.values.size(), out.size());
     std::copy(p.values.begin(), p.values.end(), out.begin());
   }
+  /// out += the payload's values.
   void decode_add(const payload_type& p, std::span<float> out) const {
     if (out.size() != p.values.size())
       throw size_mismatch_error("dense_codec::decode_add", p.values.size(), out.size());
     add_into(Policy{}, out, std::span<const float>(p.values));
   }
+  /// into += from, element-wise: the compressed-domain sum of a LinearCodec.
   void accumulate(payload_type& into, const payload_type& from) const {
     if (into.values.size() != from.values.size())
       throw size_mismatch_error("dense_codec::accumulate", into.values.size(), from.values.size());
     add_into(Policy{}, std::span<float>(into.values), std::span<const float>(from.values));
   }
-  std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+  /// Exact serialized bytes: 32 header + 4 per element.
+  [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
 };
+
+// The concepts dense_codec claims: linear (payloads add), decodes into a
+// running sum; stateless.
+static_assert(Codec<dense_codec<>> && LinearCodec<dense_codec<>> && DecodeAddCodec<dense_codec<>>);
+static_assert(LinearCodec<dense_codec<execution::simd>>);
 
 }  // namespace gradcomp

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include <gradcomp/abi.hpp>
+
 namespace gradcomp {
 
 /// Base of every exception the library throws.
@@ -25,6 +27,7 @@ class invalid_argument_error : public error {
 /// Two spans or payloads that must agree in length do not.
 class size_mismatch_error : public error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   size_mismatch_error(const std::string& what, std::size_t expected, std::size_t actual)
       : error(what + ": expected " + std::to_string(expected) + " elements, got " + std::to_string(actual)),
         expected_(expected),
@@ -41,6 +44,7 @@ class size_mismatch_error : public error {
 /// non-finite input before touching any state, naming the first bad index.
 class non_finite_error : public error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   non_finite_error(const std::string& where, std::size_t index)
       : error(where + ": non-finite value (NaN or Inf) at index " + std::to_string(index)), index_(index) {}
   std::size_t index() const noexcept { return index_; }
@@ -59,6 +63,7 @@ class state_error : public error {
 /// restoring object's options; `option()` names it. Nothing is restored.
 class option_mismatch_error : public state_error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   option_mismatch_error(const std::string& where, std::string option)
       : state_error(where + ": the state was saved with another value of option '" + option + "'"),
         option_(std::move(option)) {}

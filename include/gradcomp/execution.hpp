@@ -12,20 +12,13 @@
 ///
 /// A user (or a test) intercepts a kernel by deriving a policy from one of
 /// these and declaring an overload for it in the policy's namespace.
-
-#include <concepts>
-#include <type_traits>
+///
+/// The tags and the kernels live in the ABI namespace (abi.hpp), so a program
+/// whose units are built with different instruction sets runs each unit's own
+/// kernels. `ExecutionPolicy<P>` (detail/policy_tags.hpp) is the concept a
+/// policy satisfies.
 
 #include <gradcomp/detail/policy_tags.hpp>
-
-namespace gradcomp {
-
-/// A policy is an empty, trivially copyable tag derived from execution::seq.
-template <class P>
-concept ExecutionPolicy = std::derived_from<P, execution::seq> && std::is_empty_v<P> &&
-                          std::is_trivially_copyable_v<P> && std::default_initializable<P>;
-
-}  // namespace gradcomp
 
 #include <gradcomp/system/generic/elementwise.hpp>
 #if defined(GRADCOMP_HAS_XSIMD)

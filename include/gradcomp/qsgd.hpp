@@ -65,6 +65,7 @@ struct qsgd_payload {
     return header_bytes + norms.size() * sizeof(float) + words.size() * sizeof(std::uint32_t);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<std::uint8_t>(bits);
     w.put<std::uint8_t>(0);
@@ -74,6 +75,7 @@ struct qsgd_payload {
     w.put_array<std::uint32_t>(words);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static qsgd_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     qsgd_payload p;
@@ -108,6 +110,9 @@ struct qsgd_payload {
 
   /// True when every code has level <= levels and no sign on level 0, and
   /// every code slot past element n-1 is zero.
+  /// (A template only so each instruction-set configuration has its own copy:
+  /// abi.hpp.)
+  template <class AbiMarker = execution::abi_marker>
   static bool codes_valid(std::span<const std::uint32_t> words, std::uint64_t n, unsigned bits,
                           unsigned levels) noexcept {
     const unsigned rows = 32 / bits;
@@ -207,10 +212,10 @@ class qsgd {
   }
 
   /// Exact serialized bytes: 32 header + 8 + 4 per bucket + 4 per word.
-  std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+  [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
 
   /// Saves options and step counter.
-  std::vector<std::byte> save_state() const {
+  [[nodiscard]] std::vector<std::byte> save_state() const {
     return wire::serialize_state(wire::codec_id::qsgd, 0, [&](wire::writer& w) {
       w.put<std::uint8_t>(state_version);
       w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.bits));
@@ -221,9 +226,11 @@ class qsgd {
     });
   }
 
-  /// Restores options and step counter saved by save_state; the codec then
-  /// draws exactly what the saved one would have. Throws wire_error for bad
-  /// bytes and leaves the codec unchanged.
+  /// Restores the step counter saved by save_state of a qsgd with the same
+  /// options; the codec then draws exactly what the saved one would have.
+  /// Throws wire_error for bad bytes and option_mismatch_error naming the
+  /// option ("bits", "levels", "bucket_size", "seed") saved with another
+  /// value; the codec is then unchanged.
   void restore_state(std::span<const std::byte> bytes) {
     wire::header h;
     wire::reader r = wire::parse_state(bytes, wire::codec_id::qsgd, &h);
@@ -238,14 +245,17 @@ class qsgd {
     const std::uint64_t step = r.get<std::uint64_t>();
     r.expect_end();
     wire::reader::check(options_valid(o) && o.levels != 0, "qsgd state: invalid bits, levels or bucket size");
-    options_ = o;
+    if (o.bits != options_.bits) throw option_mismatch_error("qsgd::restore_state", "bits");
+    if (o.levels != options_.levels) throw option_mismatch_error("qsgd::restore_state", "levels");
+    if (o.bucket_size != options_.bucket_size) throw option_mismatch_error("qsgd::restore_state", "bucket_size");
+    if (o.seed != options_.seed) throw option_mismatch_error("qsgd::restore_state", "seed");
     step_ = step;
   }
 
   /// The options, with levels resolved (never 0).
-  const qsgd_options& options() const noexcept { return options_; }
+  [[nodiscard]] const qsgd_options& options() const noexcept { return options_; }
   /// Step whose random stream the next encode uses.
-  std::uint64_t step() const noexcept { return step_; }
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   /// Sets the step (e.g. to the training iteration) without other changes.
   void set_step(std::uint64_t step) noexcept { step_ = step; }
 
@@ -290,5 +300,10 @@ class qsgd {
   qsgd_options options_;
   std::uint64_t step_ = 0;
 };
+
+// The concepts qsgd claims: a stateful codec (the step counter) that decodes
+// into a running sum; not linear.
+static_assert(Codec<qsgd<>> && DecodeAddCodec<qsgd<>> && StatefulCodec<qsgd<>> && !LinearCodec<qsgd<>>);
+static_assert(StatefulCodec<qsgd<execution::simd>>);
 
 }  // namespace gradcomp

@@ -59,11 +59,13 @@ struct two_bit_payload {
   std::uint64_t element_count() const noexcept { return count; }
   std::size_t body_size() const noexcept { return sizeof(float) + words.size() * sizeof(std::uint32_t); }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<float>(threshold);
     w.put_array<std::uint32_t>(words);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static two_bit_payload read_body(wire::reader& r, const wire::header& h) {
     const std::uint64_t n = h.element_count;
     const std::uint64_t nwords = two_bit_word_count(n);
@@ -85,6 +87,9 @@ struct two_bit_payload {
 
   /// True when no word holds the unused code 01 and every code past element
   /// n-1 is 00.
+  /// (A template only so each instruction-set configuration has its own copy:
+  /// abi.hpp.)
+  template <class AbiMarker = execution::abi_marker>
   static bool codes_valid(std::span<const std::uint32_t> words, std::uint64_t n) noexcept {
     std::uint32_t bad = 0;
     for (const std::uint32_t w : words) bad |= w & ~(w >> 1) & 0x55555555u;  // positive bit without non-zero bit
@@ -180,10 +185,10 @@ class two_bit_quantizer {
   }
 
   /// Exact bytes of the serialized payload: 32 header + 4 threshold + 4 per 16 elements.
-  std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+  [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
 
   /// Saves options, step count and residual (wire container, state flag).
-  std::vector<std::byte> save_state() const {
+  [[nodiscard]] std::vector<std::byte> save_state() const {
     return wire::serialize_state(wire::codec_id::two_bit, residual_.size(), [&](wire::writer& w) {
       w.put<std::uint8_t>(state_version);
       w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.mode));
@@ -196,10 +201,12 @@ class two_bit_quantizer {
     });
   }
 
-  /// Restores a state saved by save_state (of any two_bit_quantizer, of any
-  /// size): options, step count and residual are replaced, so the codec then
-  /// continues bit for bit. Throws wire_error for bad bytes and leaves the
-  /// codec unchanged.
+  /// Restores a state saved by save_state of a two_bit_quantizer of the same
+  /// size and options: step count and residual are replaced, so the codec
+  /// then continues bit for bit. Throws wire_error for bad bytes,
+  /// size_mismatch_error for another layer size and option_mismatch_error
+  /// naming the option ("mode", "threshold", "auto_scale") saved with another
+  /// value; the codec is then unchanged.
   void restore_state(std::span<const std::byte> bytes) {
     wire::header h;
     wire::reader r = wire::parse_state(bytes, wire::codec_id::two_bit, &h);
@@ -225,7 +232,13 @@ class two_bit_quantizer {
       wire::reader::check(std::isfinite(v), "two_bit state: non-finite residual");
       rmax = rmax < std::fabs(v) ? std::fabs(v) : rmax;
     }
-    options_ = o;
+    if (n != residual_.size())
+      throw size_mismatch_error("two_bit_quantizer::restore_state: state", residual_.size(),
+                                static_cast<std::size_t>(n));
+    if (o.mode != options_.mode) throw option_mismatch_error("two_bit_quantizer::restore_state", "mode");
+    if (o.threshold != options_.threshold) throw option_mismatch_error("two_bit_quantizer::restore_state", "threshold");
+    if (o.auto_scale != options_.auto_scale)
+      throw option_mismatch_error("two_bit_quantizer::restore_state", "auto_scale");
     residual_ = std::move(residual);
     max_abs_residual_ = rmax;
     last_threshold_ = last;
@@ -240,14 +253,16 @@ class two_bit_quantizer {
     steps_ = 0;
   }
 
-  std::size_t size() const noexcept { return residual_.size(); }
-  const two_bit_options& options() const noexcept { return options_; }
+  /// Layer size n.
+  [[nodiscard]] std::size_t size() const noexcept { return residual_.size(); }
+  /// The options given at construction.
+  [[nodiscard]] const two_bit_options& options() const noexcept { return options_; }
   /// The residual r carried to the next step.
-  std::span<const float> residual() const noexcept { return residual_; }
+  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
   /// Threshold of the last encode (0 before the first).
-  float last_threshold() const noexcept { return last_threshold_; }
+  [[nodiscard]] float last_threshold() const noexcept { return last_threshold_; }
   /// Number of encodes since construction / reset (restored by restore_state).
-  std::uint64_t steps() const noexcept { return steps_; }
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
  private:
   static constexpr std::uint8_t state_version = 1;
@@ -297,5 +312,11 @@ class two_bit_quantizer {
   float last_threshold_ = 0.0f;
   std::uint64_t steps_ = 0;
 };
+
+// The concepts two_bit_quantizer claims: a stateful codec that decodes into a
+// running sum; not linear (codes are not summable).
+static_assert(Codec<two_bit_quantizer<>> && DecodeAddCodec<two_bit_quantizer<>> &&
+              StatefulCodec<two_bit_quantizer<>> && !LinearCodec<two_bit_quantizer<>>);
+static_assert(StatefulCodec<two_bit_quantizer<execution::simd>>);
 
 }  // namespace gradcomp

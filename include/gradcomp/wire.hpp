@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -123,6 +124,7 @@ inline std::error_code make_error_code(wire_errc e) noexcept { return {static_ca
 /// Thrown for every rejected buffer; code() says why.
 class wire_error : public gradcomp::error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   wire_error(wire_errc code, const std::string& detail)
       : gradcomp::error(std::string("gradcomp wire: ") + to_string(code) + ": " + detail), code_(code) {}
   wire_errc code() const noexcept { return code_; }
@@ -141,6 +143,7 @@ struct parse_limits {
 // ---------------------------------------------------------------------------
 // CRC-32C (Castagnoli): SSE4.2 instruction when the CPU has it, table otherwise.
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 namespace detail {
 
 inline const std::array<std::array<std::uint32_t, 256>, 8>& crc32c_tables() noexcept {
@@ -212,10 +215,12 @@ inline std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> bytes)
 #endif
   return ~detail::crc32c_update_soft(crc, p, bytes.size());
 }
+GRADCOMP_ABI_NAMESPACE_END
 
 // ---------------------------------------------------------------------------
 // Little-endian scalar codecs.
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 namespace detail {
 template <class T>
 T byteswap(T v) noexcept {
@@ -230,16 +235,19 @@ T to_little(T v) noexcept {
   else return byteswap(v);
 }
 }  // namespace detail
+GRADCOMP_ABI_NAMESPACE_END
 
 template <class T>
 concept WireScalar = std::is_arithmetic_v<T> && !std::same_as<T, bool> && !std::same_as<T, long double>;
 
-/// Appends little-endian values to a byte vector.
+/// Appends little-endian values to a byte vector. (Its member functions,
+/// like reader's, are templates with a last `AbiMarker` parameter so each
+/// instruction-set configuration has its own copy: abi.hpp.)
 class writer {
  public:
   explicit writer(std::vector<std::byte>& out) noexcept : out_(&out) {}
 
-  template <WireScalar T>
+  template <WireScalar T, class AbiMarker = execution::abi_marker>
   void put(T v) {
     v = detail::to_little(v);
     const auto at = out_->size();
@@ -247,7 +255,7 @@ class writer {
     std::memcpy(out_->data() + at, &v, sizeof(T));
   }
   /// An array of scalars, no length prefix (the body layout says how many).
-  template <WireScalar T>
+  template <WireScalar T, class AbiMarker = execution::abi_marker>
   void put_array(std::span<const T> values) {
     const auto at = out_->size();
     out_->resize(at + values.size_bytes());
@@ -260,10 +268,12 @@ class writer {
       }
     }
   }
+  template <class AbiMarker = execution::abi_marker>
   void put_bytes(std::span<const std::byte> bytes) {
     out_->insert(out_->end(), bytes.begin(), bytes.end());
   }
   /// LEB128 unsigned varint (1-10 bytes).
+  template <class AbiMarker = execution::abi_marker>
   void put_varint(std::uint64_t v) {
     while (v >= 0x80) {
       put<std::uint8_t>(static_cast<std::uint8_t>(v | 0x80));
@@ -294,7 +304,7 @@ class reader {
  public:
   explicit reader(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
 
-  template <WireScalar T>
+  template <WireScalar T, class AbiMarker = execution::abi_marker>
   T get() {
     require(sizeof(T), "scalar");
     T v;
@@ -303,7 +313,7 @@ class reader {
     return detail::to_little(v);
   }
   /// Fills `out` with out.size() scalars.
-  template <WireScalar T>
+  template <WireScalar T, class AbiMarker = execution::abi_marker>
   void get_array(std::span<T> out) {
     if (out.size() > remaining() / sizeof(T)) fail(wire_errc::truncated, "array of " + std::to_string(out.size()));
     if (!out.empty()) std::memcpy(out.data(), bytes_.data() + pos_, out.size_bytes());
@@ -313,7 +323,7 @@ class reader {
   }
   /// Reads `count` scalars into a new vector, after checking they are there
   /// (so a lying count cannot make us allocate more than the buffer holds).
-  template <WireScalar T>
+  template <WireScalar T, class AbiMarker = execution::abi_marker>
   std::vector<T> get_vector(std::uint64_t count) {
     if (count > remaining() / sizeof(T)) fail(wire_errc::truncated, "vector of " + std::to_string(count));
     std::vector<T> v(static_cast<std::size_t>(count));
@@ -321,12 +331,14 @@ class reader {
     return v;
   }
   /// A view of the next n bytes.
+  template <class AbiMarker = execution::abi_marker>
   std::span<const std::byte> get_bytes(std::uint64_t n) {
     if (n > remaining()) fail(wire_errc::truncated, "byte run of " + std::to_string(n));
     auto s = bytes_.subspan(pos_, static_cast<std::size_t>(n));
     pos_ += static_cast<std::size_t>(n);
     return s;
   }
+  template <class AbiMarker = execution::abi_marker>
   std::uint64_t get_varint() {
     std::uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -340,16 +352,20 @@ class reader {
   std::size_t remaining() const noexcept { return bytes_.size() - pos_; }
   std::size_t position() const noexcept { return pos_; }
   /// The body must be consumed exactly.
+  template <class AbiMarker = execution::abi_marker>
   void expect_end() const {
     if (remaining() != 0) fail(wire_errc::malformed_body, std::to_string(remaining()) + " unread bytes at end of body");
   }
+  template <class AbiMarker = execution::abi_marker>
   [[noreturn]] static void fail(wire_errc code, const std::string& what) { throw wire_error(code, what); }
   /// Throws malformed_body with `what` unless `ok`.
+  template <class AbiMarker = execution::abi_marker>
   static void check(bool ok, const char* what) {
     if (!ok) fail(wire_errc::malformed_body, what);
   }
 
  private:
+  template <class AbiMarker = execution::abi_marker>
   void require(std::size_t n, const char* what) const {
     if (n > remaining()) fail(wire_errc::truncated, std::string(what) + " needs " + std::to_string(n) + " bytes, " +
                                                         std::to_string(remaining()) + " left");
@@ -383,6 +399,9 @@ concept WirePayload = requires(const P& p, writer& w, reader& r, const header& h
   { p.write_body(w) } -> std::same_as<void>;
   { P::read_body(r, h) } -> std::same_as<P>;
 };
+
+// The functions below have a copy per instruction-set configuration (abi.hpp).
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace detail {
 inline void write_header_prefix(std::byte* out, const header& h) noexcept {
@@ -533,6 +552,8 @@ inline reader parse_state(std::span<const std::byte> bytes, codec_id codec, head
   if (out_header) *out_header = h;
   return reader(bytes.subspan(header_size));
 }
+
+GRADCOMP_ABI_NAMESPACE_END
 
 }  // namespace gradcomp::wire
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <type_traits>
 
 namespace counting {
 
@@ -104,6 +106,25 @@ TEST_CASE("simd_available reflects the build") {
 #else
   CHECK_FALSE(gradcomp::execution::simd_available);
 #endif
+}
+
+TEST_CASE("the ABI tag names this translation unit's configuration") {
+  const std::string tag = gradcomp::execution::abi_tag;
+  CHECK(tag.rfind("abi_v", 0) == 0);
+  CHECK((tag.find("_xsimd") != std::string::npos) == gradcomp::execution::simd_available);
+#if defined(__AVX2__)
+  CHECK(tag.find("_avx2") != std::string::npos);
+#else
+  CHECK(tag.find("_avx2") == std::string::npos);
+#endif
+#if defined(__FMA__)
+  CHECK(tag.find("_fma") != std::string::npos);
+#else
+  CHECK(tag.find("_fma") == std::string::npos);
+#endif
+  // The policy tags are in the inline namespace: the same types by both names.
+  CHECK(std::is_same_v<gradcomp::execution::seq, gradcomp::execution::GRADCOMP_ABI_TAG::seq>);
+  CHECK(std::is_same_v<gradcomp::execution::simd, gradcomp::execution::GRADCOMP_ABI_TAG::simd>);
 }
 
 TEST_CASE("dense_codec rejects bad input with typed errors") {

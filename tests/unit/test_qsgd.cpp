@@ -498,7 +498,7 @@ TEST_CASE_TEMPLATE("save_state / restore_state continues bit for bit", Policy, e
     a.encode(x, p);
     expected.push_back(p);
   }
-  qsgd<Policy> b(opts(2, 0, 7, 1));
+  qsgd<Policy> b(opts(8, 100, 300, 55));
   b.restore_state(saved);
   CHECK(b.step() == 3);
   CHECK(b.options().bits == 8);
@@ -541,9 +541,39 @@ TEST_CASE("restore_state rejects bad bytes and leaves the codec unchanged") {
   expect_rejected(edit(34, std::uint16_t{0}));
   expect_rejected(edit(36, std::uint32_t{0}));
   expect_rejected(edit(12, std::uint64_t{3}));
-  CHECK_NOTHROW(b.restore_state(edit(34, std::uint16_t{3})));
-  CHECK(b.options().levels == 3);
-  CHECK(b.step() == 12);
+  // Valid bytes with levels 3: restored by a codec with those options.
+  qsgd<> c(opts(4, 3, 64, 9));
+  CHECK_NOTHROW(c.restore_state(edit(34, std::uint16_t{3})));
+  CHECK(c.options().levels == 3);
+  CHECK(c.step() == 12);
+}
+
+TEST_CASE_TEMPLATE("restore_state with other options throws option_mismatch_error and leaves the codec unchanged",
+                   Policy, execution::seq, execution::simd) {
+  qsgd<Policy> a(opts(4, 5, 64, 9));
+  a.set_step(12);
+  const auto saved = a.save_state();
+  const std::pair<qsgd_options, const char*> cases[] = {
+      {opts(8, 5, 64, 9), "bits"},
+      {opts(4, 6, 64, 9), "levels"},
+      {opts(4, 5, 65, 9), "bucket_size"},
+      {opts(4, 5, 64, 10), "seed"},
+  };
+  for (const auto& [o, option] : cases) {
+    qsgd<Policy> b(o);
+    b.set_step(3);
+    const auto before = b.save_state();
+    try {
+      b.restore_state(saved);
+      FAIL("restore accepted a state saved with another " << option);
+    } catch (const option_mismatch_error& e) {
+      CHECK(e.option() == option);
+    }
+    CHECK(b.save_state() == before);
+  }
+  qsgd<Policy> same(opts(4, 5, 64, 9));
+  CHECK_NOTHROW(same.restore_state(saved));
+  CHECK(same.step() == 12);
 }
 
 TEST_CASE_TEMPLATE("bad input: parameters, non-finite gradients, overflowing norms, payload shapes", Policy,

@@ -331,8 +331,8 @@ TEST_CASE_TEMPLATE("save_state / restore_state continues bit for bit", Policy, e
       a.encode(normal_floats(n, 200 + t, 0.3), p);
       expected.push_back(p);
     }
-    // A codec of another size and mode becomes the saved one.
-    two_bit_quantizer<Policy> b(3, two_bit_options::fixed(9.0f));
+    // A codec of the same size and options continues where the saved one was.
+    two_bit_quantizer<Policy> b(n, opts);
     b.restore_state(saved);
     CHECK(b.size() == n);
     CHECK(b.steps() == 5);
@@ -343,10 +343,46 @@ TEST_CASE_TEMPLATE("save_state / restore_state continues bit for bit", Policy, e
     }
     CHECK(bit_equal(a.residual(), b.residual()));
     // save -> restore -> save is the identity on bytes
-    two_bit_quantizer<Policy> c(1);
+    two_bit_quantizer<Policy> c(n, opts);
     c.restore_state(a.save_state());
     CHECK(c.save_state() == a.save_state());
   }
+}
+
+TEST_CASE_TEMPLATE("restore_state with other options or size throws and leaves the codec unchanged", Policy,
+                   execution::seq, execution::simd) {
+  const std::size_t n = 100;
+  two_bit_quantizer<Policy> a(n, two_bit_options::fixed(0.2f));
+  two_bit_payload p;
+  a.encode(normal_floats(n, 7, 0.3), p);
+  const auto saved = a.save_state();
+  auto expect_option = [&](two_bit_quantizer<Policy>& b, const char* option) {
+    b.encode(normal_floats(b.size(), 8, 0.3), p);
+    const auto before = b.save_state();
+    try {
+      b.restore_state(saved);
+      FAIL("restore accepted a state saved with another " << option);
+    } catch (const option_mismatch_error& e) {
+      CHECK(e.option() == option);
+      CHECK(std::string(e.what()).find(option) != std::string::npos);
+    }
+    CHECK(b.save_state() == before);
+  };
+  two_bit_quantizer<Policy> other_mode(n, two_bit_options::automatic());
+  expect_option(other_mode, "mode");
+  two_bit_quantizer<Policy> other_threshold(n, two_bit_options::fixed(9.0f));
+  expect_option(other_threshold, "threshold");
+  two_bit_options scaled = two_bit_options::fixed(0.2f);
+  scaled.auto_scale = 0.5f;
+  two_bit_quantizer<Policy> other_scale(n, scaled);
+  expect_option(other_scale, "auto_scale");
+  two_bit_quantizer<Policy> other_size(3, two_bit_options::fixed(0.2f));
+  const auto before = other_size.save_state();
+  CHECK_THROWS_AS(other_size.restore_state(saved), size_mismatch_error);
+  CHECK(other_size.save_state() == before);
+  two_bit_quantizer<Policy> same(n, two_bit_options::fixed(0.2f));
+  CHECK_NOTHROW(same.restore_state(saved));
+  CHECK(same.save_state() == saved);
 }
 
 TEST_CASE("restore_state rejects bad bytes and leaves the codec unchanged") {

@@ -26,7 +26,12 @@
 
 #include <cstdint>
 
+#include <gradcomp/abi.hpp>
+
+// In the ABI namespace (abi.hpp): the generators are inlined into kernels,
+// and their code depends on the instruction set like the kernels'.
 namespace gradcomp::detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// splitmix64's output function (Stafford's Mix13 constants): a bijection on
 /// 64-bit words with full avalanche.
@@ -141,4 +146,5 @@ class counter_rng {
   std::uint64_t seed_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::detail

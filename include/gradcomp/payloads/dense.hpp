@@ -19,7 +19,9 @@ struct dense_payload {
 
   std::uint64_t element_count() const noexcept { return values.size(); }
   std::size_t body_size() const noexcept { return values.size() * sizeof(float); }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const { w.put_array<float>(values); }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static dense_payload read_body(wire::reader& r, const wire::header& h) {
     if (h.body_length != h.element_count * sizeof(float))
       wire::reader::fail(wire::wire_errc::malformed_body, "dense body length is not 4 x element count");

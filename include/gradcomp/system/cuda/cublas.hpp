@@ -20,12 +20,15 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-namespace gradcomp::execution::cuda_detail {
+namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+namespace cuda_detail {
 
 inline const char* cublas_status_text(cublasStatus_t s) noexcept {
   switch (s) {
@@ -99,4 +102,6 @@ inline void gemm_coefficients_basis(const float* y, std::size_t slices, std::siz
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-}  // namespace gradcomp::execution::cuda_detail
+}  // namespace cuda_detail
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp::execution

@@ -11,6 +11,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// acc[i] += x[i]. Sizes are checked by the caller.
 inline void add_into(seq, std::span<float> acc, std::span<const float> x) noexcept {
@@ -21,7 +22,7 @@ inline void add_into(seq, std::span<float> acc, std::span<const float> x) noexce
 }
 
 /// Index of the first NaN or infinity in x, or x.size() when all are finite.
-inline std::size_t find_non_finite(seq, std::span<const float> x) noexcept {
+[[nodiscard]] inline std::size_t find_non_finite(seq, std::span<const float> x) noexcept {
   // Scan in blocks with a branch-free test so the common (all finite) case
   // vectorises; only a block that fails is searched element by element.
   constexpr std::size_t block = 1024;
@@ -38,4 +39,5 @@ inline std::size_t find_non_finite(seq, std::span<const float> x) noexcept {
   return x.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -30,6 +30,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Eq. 3 for S slices at once: Y = X U - 1 offset^T, where offset = U^T mu / N
 /// is precomputed by the caller (writing it as X*U - (mu U)/N avoids the
@@ -68,4 +69,5 @@ inline void gradiveq_expand_slices(seq, const float* y, std::size_t slices, std:
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -15,6 +15,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// theta[i] -= g[i] (seed 001 eq. 1 with theta = theta_0 + M, Alg. 2 line 3).
 /// Sizes are checked by the caller.
@@ -78,4 +79,5 @@ inline void ps_assign_at(seq, std::span<float> dst, std::span<const std::uint32_
   for (std::size_t j = 0; j < m; ++j) dst[indices[j]] = values[j];
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

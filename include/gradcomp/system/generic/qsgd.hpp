@@ -35,6 +35,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// acc + x*x, fused where the target has a fused multiply-add (see above).
 inline float qsgd_add_square(float acc, float x) noexcept {
@@ -250,7 +251,7 @@ qsgd_quantize_result quantize_seq(std::span<const float> x, const qsgd_params& p
 /// (qsgd_word_count(n, bits) entries, fully overwritten). Element i's random
 /// draw is counter_stream(stream_key).uniform_float(i). Stops at the first
 /// bad bucket and says why; `norms` and `words` are then unspecified.
-inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
+[[nodiscard]] inline qsgd_quantize_result qsgd_quantize(seq, std::span<const float> x, const qsgd_params& p,
                                           std::span<float> norms, std::span<std::uint32_t> words) noexcept {
   switch (p.bits) {
     case 2: return qsgd_detail::quantize_seq<2>(x, p, norms, words);
@@ -315,4 +316,5 @@ inline void qsgd_dequantize_add(seq, std::span<const std::uint32_t> words, std::
   qsgd_dequantize_into<true>(seq{}, words, norms, p, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -21,6 +21,7 @@
 #include <gradcomp/system/generic/topk.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace sparsify_detail {
 /// Makes the compiler treat v as unknown, so a product stored in v is rounded
@@ -171,4 +172,5 @@ std::size_t axpby_topk(Policy policy, std::span<float> y, std::span<const float>
   return out.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -45,6 +45,7 @@
 #include <gradcomp/detail/random.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Order-preserving integer key of |v| (v finite).
 inline constexpr std::uint32_t topk_key(float v) noexcept { return std::bit_cast<std::uint32_t>(v) & 0x7FFFFFFFu; }
@@ -489,4 +490,5 @@ std::size_t topk_sampled(Policy policy, std::span<const float> x, std::size_t k,
   return out.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

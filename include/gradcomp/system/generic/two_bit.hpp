@@ -22,6 +22,7 @@
 #include <gradcomp/detail/policy_tags.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// What the scan before a two-bit encode found.
 struct two_bit_prescan_result {
@@ -38,7 +39,7 @@ inline constexpr std::size_t two_bit_lanes = 16;
 /// Scan before encoding: finiteness and max |g| of the gradient and, when
 /// `residual` is not empty (automatic threshold), sum |r + g|. Reads g (and r)
 /// once; changes nothing.
-inline two_bit_prescan_result two_bit_prescan(seq, std::span<const float> gradient,
+[[nodiscard]] inline two_bit_prescan_result two_bit_prescan(seq, std::span<const float> gradient,
                                               std::span<const float> residual) noexcept {
   const float max_finite = std::numeric_limits<float>::max();
   const std::size_t n = gradient.size();
@@ -84,7 +85,7 @@ inline two_bit_prescan_result two_bit_prescan(seq, std::span<const float> gradie
 /// `words` has (n + 15) / 16 entries and is fully overwritten. Returns max |r|
 /// after the update (order-independent, so every policy returns the same).
 /// The caller guarantees finite inputs with |g| + |r| <= FLT_MAX and thr > 0.
-inline float two_bit_quantize(seq, std::span<const float> gradient, std::span<float> residual, float thr,
+[[nodiscard]] inline float two_bit_quantize(seq, std::span<const float> gradient, std::span<float> residual, float thr,
                               std::span<std::uint32_t> words) noexcept {
   const std::size_t n = gradient.size();
   const float* g = gradient.data();
@@ -159,4 +160,5 @@ inline void two_bit_dequantize_add(seq, std::span<const std::uint32_t> words, fl
     o[i] = o[i] + two_bit_code_value(words[full] >> (2 * (i % 16)), thr);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

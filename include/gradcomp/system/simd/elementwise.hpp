@@ -14,6 +14,7 @@
 #include <gradcomp/system/generic/elementwise.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// acc[i] += x[i], vectorised.
 inline void add_into(simd, std::span<float> acc, std::span<const float> x) noexcept {
@@ -30,7 +31,7 @@ inline void add_into(simd, std::span<float> acc, std::span<const float> x) noexc
 }
 
 /// Index of the first NaN or infinity in x, or x.size(); vectorised scan.
-inline std::size_t find_non_finite(simd, std::span<const float> x) noexcept {
+[[nodiscard]] inline std::size_t find_non_finite(simd, std::span<const float> x) noexcept {
   using batch = xsimd::batch<float>;
   constexpr std::size_t width = batch::size;
   const batch max_finite(std::numeric_limits<float>::max());
@@ -44,4 +45,5 @@ inline std::size_t find_non_finite(simd, std::span<const float> x) noexcept {
   return vec_end + find_non_finite(seq{}, x.subspan(vec_end));
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -35,6 +35,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace qsgd_simd_detail {
 
@@ -232,7 +233,7 @@ void dequantize(std::span<const std::uint32_t> words, std::span<const float> nor
 }  // namespace qsgd_simd_detail
 
 /// Vectorised qsgd_quantize (same norms and words as the seq kernel).
-inline qsgd_quantize_result qsgd_quantize(simd, std::span<const float> x, const qsgd_params& p,
+[[nodiscard]] inline qsgd_quantize_result qsgd_quantize(simd, std::span<const float> x, const qsgd_params& p,
                                           std::span<float> norms, std::span<std::uint32_t> words) noexcept {
   switch (p.bits) {
     case 2: return qsgd_simd_detail::quantize<2>(x, p, norms, words);
@@ -261,6 +262,7 @@ inline void qsgd_dequantize_add(simd, std::span<const std::uint32_t> words, std:
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
 
 #if defined(__GNUC__) && !defined(__clang__)

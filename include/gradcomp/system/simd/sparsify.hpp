@@ -19,6 +19,7 @@
 #include <gradcomp/system/simd/topk.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace sparsify_simd_detail {
 using topk_simd_detail::fbatch;
@@ -131,4 +132,5 @@ inline void axpby_collect_ge(simd, std::span<float> y, std::span<const float> x,
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -21,6 +21,7 @@
 #include <gradcomp/system/generic/topk.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace topk_simd_detail {
 
@@ -165,4 +166,5 @@ inline void topk_collect_final_scale_rest(simd, std::span<float> x, std::uint32_
   topk_simd_detail::collect<true>(x, t, need_eq, s, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

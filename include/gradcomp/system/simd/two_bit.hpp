@@ -29,6 +29,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace two_bit_simd_detail {
 
@@ -63,7 +64,7 @@ inline float horizontal_max(const fbatch& v) noexcept {
 }  // namespace two_bit_simd_detail
 
 /// Vectorised two_bit_prescan (same result as the seq kernel, bit for bit).
-inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradient,
+[[nodiscard]] inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradient,
                                               std::span<const float> residual) noexcept {
   using namespace two_bit_simd_detail;
   const fbatch max_finite(std::numeric_limits<float>::max());
@@ -116,7 +117,7 @@ inline two_bit_prescan_result two_bit_prescan(simd, std::span<const float> gradi
 }
 
 /// Vectorised two_bit_quantize: one pass over gradient and residual.
-inline float two_bit_quantize(simd, std::span<const float> gradient, std::span<float> residual, float thr,
+[[nodiscard]] inline float two_bit_quantize(simd, std::span<const float> gradient, std::span<float> residual, float thr,
                               std::span<std::uint32_t> words) noexcept {
   using namespace two_bit_simd_detail;
   const std::size_t n = gradient.size();
@@ -212,6 +213,7 @@ inline void two_bit_dequantize_add(simd, std::span<const std::uint32_t> words, f
   two_bit_simd_detail::dequantize<true>(words, thr, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
 
 #if defined(__GNUC__) && !defined(__clang__)

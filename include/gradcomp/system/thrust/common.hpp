@@ -39,7 +39,9 @@
 #include <thrust/system/cuda/vector.h>
 #endif
 
-namespace gradcomp::execution::thrust_detail {
+namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+namespace thrust_detail {
 
 // --- where a kernel's work items and memory live ------------------------------
 
@@ -302,4 +304,6 @@ inline counter_draws draws_of(std::uint64_t seed, std::uint64_t stream) noexcept
   return counter_draws{gradcomp::detail::counter_rng(seed).stream(stream).key()};
 }
 
-}  // namespace gradcomp::execution::thrust_detail
+}  // namespace thrust_detail
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp::execution

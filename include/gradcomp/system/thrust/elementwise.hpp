@@ -15,6 +15,7 @@
 #include <thrust/transform_reduce.h>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -82,9 +83,10 @@ void add_into(thrust<P>, std::span<float> acc, std::span<const float> x) {
 
 /// Index of the first NaN or infinity in x, or x.size() when all are finite.
 template <class P>
-std::size_t find_non_finite(thrust<P>, std::span<const float> x) {
+[[nodiscard]] std::size_t find_non_finite(thrust<P>, std::span<const float> x) {
   thrust_detail::operand<P, const float> v(x);
   return thrust_detail::first_non_finite<P>(v.data(), x.size());
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

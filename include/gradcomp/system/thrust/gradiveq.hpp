@@ -34,6 +34,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -239,4 +240,5 @@ void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

@@ -46,6 +46,7 @@
 #endif
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Kernels written with Thrust, run on the Thrust system of ThrustPolicy
 /// (an empty Thrust execution policy type such as decltype(thrust::omp::par)).
@@ -88,4 +89,5 @@ struct is_cuda_system<P> : std::true_type {
 template <class ThrustPolicy>
 inline constexpr bool thrust_system_uses_host_memory = !thrust_detail::is_cuda_system<ThrustPolicy>::value;
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

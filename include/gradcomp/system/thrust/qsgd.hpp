@@ -26,6 +26,7 @@
 #include <gradcomp/system/thrust/elementwise.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -306,8 +307,8 @@ void qsgd_dequantize_any(std::span<const std::uint32_t> words, std::span<const f
 /// code (draw of element i: counter_stream(p.stream_key).uniform_float(i)).
 /// Same norms, words and error report as the seq kernel.
 template <class P>
-qsgd_quantize_result qsgd_quantize(thrust<P>, std::span<const float> x, const qsgd_params& p, std::span<float> norms,
-                                   std::span<std::uint32_t> words) {
+[[nodiscard]] qsgd_quantize_result qsgd_quantize(thrust<P>, std::span<const float> x, const qsgd_params& p,
+                                                std::span<float> norms, std::span<std::uint32_t> words) {
   switch (p.bits) {
     case 2: return thrust_detail::qsgd_quantize_bits<P, 2>(x, p, norms, words);
     case 4: return thrust_detail::qsgd_quantize_bits<P, 4>(x, p, norms, words);
@@ -329,4 +330,5 @@ void qsgd_dequantize_add(thrust<P>, std::span<const std::uint32_t> words, std::s
   thrust_detail::qsgd_dequantize_any<P, true>(words, norms, p, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

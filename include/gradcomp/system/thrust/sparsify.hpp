@@ -27,6 +27,7 @@
 #include <gradcomp/system/thrust/topk.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -140,4 +141,5 @@ std::size_t axpby_topk(thrust<P>, std::span<float> y, std::span<const float> x, 
   return out.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

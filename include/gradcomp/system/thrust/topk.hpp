@@ -35,6 +35,7 @@
 #include <thrust/transform_reduce.h>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -528,4 +529,5 @@ std::size_t topk_sampled(thrust<P> policy, std::span<const float> x, std::size_t
   return out.size();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution

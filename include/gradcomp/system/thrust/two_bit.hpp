@@ -22,6 +22,7 @@
 #include <gradcomp/system/thrust/elementwise.hpp>
 
 namespace gradcomp::execution {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
@@ -150,7 +151,8 @@ void two_bit_dequantize_impl(std::span<const std::uint32_t> words, float thr, st
 /// two_bit_prescan with P's system: finiteness and max |g| of the gradient
 /// and, when `residual` is not empty, sum |r + g| in the canonical order.
 template <class P>
-two_bit_prescan_result two_bit_prescan(thrust<P>, std::span<const float> gradient, std::span<const float> residual) {
+[[nodiscard]] two_bit_prescan_result two_bit_prescan(thrust<P>, std::span<const float> gradient,
+                                                    std::span<const float> residual) {
   using namespace thrust_detail;
   const std::size_t n = gradient.size();
   const bool want_sum = !residual.empty();
@@ -176,7 +178,7 @@ two_bit_prescan_result two_bit_prescan(thrust<P>, std::span<const float> gradien
 /// x = r + g; code 11 if x >= thr, 10 if x <= -thr, 00 otherwise; r = x -
 /// decoded. Returns max |r| after the update. Preconditions as for seq.
 template <class P>
-float two_bit_quantize(thrust<P>, std::span<const float> gradient, std::span<float> residual, float thr,
+[[nodiscard]] float two_bit_quantize(thrust<P>, std::span<const float> gradient, std::span<float> residual, float thr,
                        std::span<std::uint32_t> words) {
   using namespace thrust_detail;
   const std::size_t n = gradient.size();
@@ -206,4 +208,5 @@ void two_bit_dequantize_add(thrust<P>, std::span<const std::uint32_t> words, flo
   thrust_detail::two_bit_dequantize_impl<P, true>(words, thr, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::execution
