@@ -14,6 +14,7 @@
 #include "common.hpp"
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
 #include <atomic>

@@ -19,6 +19,7 @@
 #include "ps_fashion_mlp.hpp"
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 
 #include <algorithm>
 #include <atomic>

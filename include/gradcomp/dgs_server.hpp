@@ -52,7 +52,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
-#include <gradcomp/sparsify.hpp>  // sparse_selection_count and the top-k kernels
+#include <gradcomp/payloads/topk.hpp>  // sparse_selection_count and the top-k kernels
 #include <gradcomp/system/generic/parameter_server.hpp>
 
 namespace gradcomp {
@@ -328,7 +328,7 @@ class dgs_server_state {
       if (options_.secondary_ratio == 0.0) {
         ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
       } else {
-        // k = max(1, ceil(R% n)), the same count as the workers' top-R% (sparsify.hpp).
+        // k = max(1, ceil(R% n)), the same count as the workers' top-R% (payloads/topk.hpp).
         const std::size_t kk = sparse_selection_count(th.size(), options_.secondary_ratio);
         if (kk >= th.size()) {  // R = 100%: everything that changed
           ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
@@ -476,7 +476,7 @@ void sync_aggregate(const D& decoder, std::span<const typename D::payload_type* 
 /// makes the worker's update rule (seed 001 Table 5): dense_codec is plain
 /// ASGD, sparsifier_with_memory is GD-async (Alg. 1, residual), its DGC mode is
 /// DGC-async (momentum correction and factor masking), sa_momentum is DGS
-/// (Alg. 3, eqs. 14-15); parameter_server.hpp names the four.
+/// (Alg. 3, eqs. 14-15); presets/parameter_server_rules.hpp names the four.
 ///
 /// encode() checks the whole scaled gradient for NaN/Inf before any codec
 /// runs, so a rejected step changes no layer's state.

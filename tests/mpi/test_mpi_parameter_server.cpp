@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
 #include <support/equality.hpp>

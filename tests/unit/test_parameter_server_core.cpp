@@ -7,6 +7,7 @@
 
 #include <gradcomp/dgs_server.hpp>
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 
 #include <support/error_checks.hpp>
 #include <support/equality.hpp>
