@@ -10,6 +10,7 @@
 #include <gradcomp/transport/fault_injection.hpp>
 #include <gradcomp/transport/inproc.hpp>
 #include <gradcomp/qsgd.hpp>
+#include <gradcomp/tags.hpp>
 #include <gradcomp/two_bit.hpp>
 
 #include <support/equality.hpp>
@@ -732,4 +733,112 @@ TEST_CASE("async PS: a worker that left and comes back gets a dense resync") {
   CHECK(sim.join(0).status == ps_pull_status::resynced);
   CHECK(bit_equal(sim.model(0), server.model()));
   CHECK(server.status(0) == ps_worker_status::active);
+}
+
+TEST_CASE("PS tags: defaults from the registry's parameter-server range; a tag in another piece's range is refused") {
+  static_assert(ps_default_tag_up == tags::parameter_server.first);
+  static_assert(ps_default_tag_down == tags::parameter_server.first + 1);
+  CHECK(tags::parameter_server.contains(sync_ps_options{}.tag_up));
+  CHECK(tags::parameter_server.contains(async_ps_options{}.tag_down));
+  CHECK(async_ps_worker_options{}.tag_up == 31000);
+  CHECK(async_ps_worker_options{}.tag_down == 31001);
+  const auto theta0 = make_theta0(layers3.total(), 5);
+  for (int bad : {tags::ring.first, tags::lgc.first + 3, tags::exchange.first, -1, 40000}) {
+    CAPTURE(bad);
+    async_ps_options a;
+    a.tag_up = bad;
+    CHECK_THROWS_AS((async_ps_server<dense_codec<>>(layers3, theta0, 2, asgd_rule<>{}, a)), invalid_argument_error);
+    sync_ps_options s;
+    s.tag_down = bad;
+    CHECK_THROWS_AS((sync_ps_server<dense_codec<>>(layers3, 2, asgd_rule<>{}, {}, s)), invalid_argument_error);
+    async_ps_worker_options w;
+    w.tag_down = bad;
+    CHECK_THROWS_AS((async_ps_worker<dense_codec<>>(layers3, asgd_rule<>{}, w)), invalid_argument_error);
+    CHECK_THROWS_AS((sync_ps_worker<dense_codec<>>(layers3, asgd_rule<>{}, {}, w)), invalid_argument_error);
+  }
+  // Tags moved into the user's range (or elsewhere in the PS range) work.
+  sync_ps_options moved;
+  moved.tag_up = 100;
+  moved.tag_down = tags::parameter_server.first + 7;
+  sync_ps_server<dense_codec<>> server(layers3, 2, asgd_rule<>{}, {}, moved);
+  std::vector<std::vector<float>> got(2);
+  serve_and_work(2, server, [&](int k, inproc_endpoint& ep) {
+    sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{}, {},
+                                    {.tag_up = moved.tag_up, .tag_down = moved.tag_down});
+    auto g = dyadic_gradient(layers3.total(), k, 0);
+    CHECK(w.exchange(ep, std::span<float>(g)).contributors == 2);
+    got[std::size_t(k)] = g;
+    w.leave(ep);
+  });
+  CHECK(bit_equal(got[0], got[1]));
+}
+
+TEST_CASE("sync PS: a push the server rejects (codec mismatch) throws ps_push_rejected_error, gradient unchanged") {
+  // The server expects sparse COO layers (GD-async uplink); worker 0 sends
+  // dense ones: its push is left out and it must not take the others' mean
+  // for its own result.
+  const int N = 2;
+  sync_ps_server<sparsifier_with_memory<>> server(layers3, N, gd_async_rule<>{.ratio_percent = 100});
+  std::vector<float> aggregate_seen_by_0, aggregate_of_1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
+    const auto g0 = dyadic_gradient(layers3.total(), k, 0);
+    auto g = g0;
+    if (k == 0) {
+      sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{});
+      bool threw = false;
+      try {
+        (void)w.exchange(ep, std::span<float>(g));
+      } catch (const ps_push_rejected_error& e) {
+        threw = true;
+        CHECK(e.result().rejected);
+        CHECK(e.result().contributors == 1);
+        CHECK(e.result().round == 0);
+      }
+      CHECK(threw);
+      CHECK(bit_equal(g, g0));  // not overwritten
+      CHECK(w.stats().rejected == 1);
+      aggregate_seen_by_0.assign(w.aggregate().begin(), w.aggregate().end());
+      w.leave(ep);
+    } else {
+      sync_ps_worker<sparsifier_with_memory<>> w(layers3, gd_async_rule<>{.ratio_percent = 100});
+      const auto r = w.exchange(ep, std::span<float>(g));
+      CHECK_FALSE(r.rejected);
+      CHECK(r.contributors == 1);
+      CHECK(bit_equal(g, g0));  // the mean of its own push alone (R = 100%: all of it)
+      aggregate_of_1 = g;
+      w.leave(ep);
+    }
+  });
+  CHECK(bit_equal(aggregate_seen_by_0, aggregate_of_1));
+  CHECK(server.stats().rejected == 1);
+  CHECK(server.stats().last_error.find("codec") != std::string::npos);
+}
+
+TEST_CASE("sync PS: a layer-layout mismatch is a layout_error on both sides, not a wire error") {
+  // Same total, other layer count; and same count and total, other sizes.
+  for (const auto& other : {layer_partition({37, 205}), layer_partition({40, 197, 5})}) {
+    CAPTURE(other.layers());
+    sync_ps_server<dense_codec<>> server(layers3, 1, asgd_rule<>{});
+    serve_and_work(1, server, [&](int, inproc_endpoint& ep) {
+      sync_ps_worker<dense_codec<>> w(other, asgd_rule<>{});
+      auto g = dyadic_gradient(other.total(), 0, 0);
+      const auto before = g;
+      CHECK_THROWS_AS((void)w.exchange(ep, std::span<float>(g)), layout_error);
+      CHECK(bit_equal(g, before));
+      w.leave(ep);
+    });
+    CHECK(server.stats().rejected == 1);
+    CHECK(server.stats().last_error.find("the model has") != std::string::npos);
+  }
+  // The transport-free half too: an aggregate of the server's layout.
+  sync_ps_server<dense_codec<>> server(layers3, 1, asgd_rule<>{});
+  sync_ps_worker<dense_codec<>> w(layer_partition({40, 197, 5}), asgd_rule<>{});
+  std::vector<float> g = dyadic_gradient(layers3.total(), 0, 0);
+  std::vector<std::vector<std::byte>> frames(1);
+  frames[0] = w.make_push(g);
+  const auto replies = server.round(frames);
+  REQUIRE(replies[0].size() > 0);
+  const auto before = g;
+  CHECK_THROWS_AS((void)w.apply_aggregate(replies[0], std::span<float>(g)), layout_error);
+  CHECK(bit_equal(g, before));
 }
