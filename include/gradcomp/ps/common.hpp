@@ -33,6 +33,7 @@ enum class ps_worker_status : std::uint8_t {
   gone = 3,    ///< a reply to it could not be delivered, or it fell silent; a dense resync awaits it
 };
 
+/// Counters of a parameter server.
 struct ps_server_stats {
   std::uint64_t pushes = 0;    ///< pushes applied
   std::uint64_t rejected = 0;  ///< frames rejected (state unchanged)
@@ -46,6 +47,7 @@ struct ps_server_stats {
   std::string last_error;
 };
 
+/// Options of a worker's transport calls (asynchronous and synchronous workers).
 struct async_ps_worker_options {
   int server_rank = 0;
   int tag_up = ps_default_tag_up;      ///< worker-to-server tag (checked against the registry, tags.hpp)
