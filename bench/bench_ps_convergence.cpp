@@ -123,7 +123,7 @@ outcome run_async(const char* name, Rule rule, async_ps_options opt, const datas
     const int k = int(t % workers);  // round-robin: each gradient is 3 server updates stale
     const float l = mlp::gradient(sim.model(k), train, B.at(t), g, ws);
     if (t >= T - B.per_epoch) loss += l;
-    sim.step(k, g, learning_rate(t, T));
+    (void)sim.step(k, g, learning_rate(t, T));
   }
   o.accuracy = mlp::accuracy(sim.server().model(), test);
   o.train_loss = loss / double(B.per_epoch);

@@ -307,7 +307,7 @@ class dgs_server_state {
   /// every entry where w_k differs from theta (so the worker ends at theta_t,
   /// eq. 5); with it, the top R% of |theta - w_k| per layer (ties: lower index).
   /// With the dense downlink it is the whole model.
-  model_update update_for(int k) {
+  [[nodiscard]] model_update update_for(int k) {
     check_worker(k, "update_for");
     model_update u;
     u.timestamp = t_;
@@ -353,7 +353,7 @@ class dgs_server_state {
   }
 
   /// One iteration of Algorithm 2 for worker k: apply(g), then update_for(k).
-  model_update push(int k, std::span<const float> g) {
+  [[nodiscard]] model_update push(int k, std::span<const float> g) {
     check_worker(k, "push");
     apply(g);
     return update_for(k);
@@ -361,7 +361,7 @@ class dgs_server_state {
 
   /// A dense resync for a worker that (re)joins: the whole model theta_t, and
   /// w_k <- theta_t.
-  model_update resync(int k) {
+  [[nodiscard]] model_update resync(int k) {
     check_worker(k, "resync");
     model_update u;
     u.timestamp = t_;

@@ -23,7 +23,7 @@
 /// loops, failure handling, and async_ps_simulation, a single-threaded
 /// deterministic run of the same code without a transport.
 ///
-///     #include <gradcomp/presets/parameter_server_rules.hpp>  // the drivers, the codecs and the Table 5 rules
+///     // with presets/parameter_server_rules.hpp (the drivers, the codecs and the Table 5 rules):
 ///     // server (rank 0)                       // worker k (rank k + 1)
 ///     async_ps_server<sa_momentum<>> server(   async_ps_worker<sa_momentum<>> w(layers, dgs_rule<>{.ratio_percent = 1});
 ///         layers, theta0, N, dgs_rule<>{});    w.join(transport, model);           // dense resync
