@@ -14,6 +14,7 @@
 #include "common.hpp"
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/transport/inproc.hpp>
 
 #include <atomic>
@@ -100,7 +101,7 @@ bytes_row measure_bytes(const char* name, const layer_partition& L, const std::v
   for (int r = 0; r < warm; ++r)
     for (int k = 0; k < N; ++k) {
       synthetic_gradient(L, k, step++, g);
-      sim.step(k, g, lr);
+      (void)sim.step(k, g, lr);
     }
   std::vector<std::uint64_t> up0(N), down0(N);
   for (int k = 0; k < N; ++k) {
@@ -111,7 +112,7 @@ bytes_row measure_bytes(const char* name, const layer_partition& L, const std::v
   for (int r = 0; r < measured; ++r)
     for (int k = 0; k < N; ++k) {
       synthetic_gradient(L, k, step++, g);
-      sim.step(k, g, lr);
+      (void)sim.step(k, g, lr);
     }
   const double secs = std::chrono::duration<double>(bench::clock::now() - t0).count();
   bytes_row row;
@@ -178,7 +179,7 @@ throughput measure_throughput(const layer_partition& L, const std::vector<float>
       ep.isend(0, ps_default_tag_up, std::vector<std::byte>(frame)).wait();
       auto h = ep.irecv(0, ps_default_tag_down);
       auto m = h.wait();
-      w.apply_reply(m.bytes, model);
+      (void)w.apply_reply(m.bytes, model);
     }
     w.leave(ep);
   });

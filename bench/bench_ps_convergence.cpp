@@ -19,6 +19,7 @@
 #include "ps_fashion_mlp.hpp"
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -122,7 +123,7 @@ outcome run_async(const char* name, Rule rule, async_ps_options opt, const datas
     const int k = int(t % workers);  // round-robin: each gradient is 3 server updates stale
     const float l = mlp::gradient(sim.model(k), train, B.at(t), g, ws);
     if (t >= T - B.per_epoch) loss += l;
-    sim.step(k, g, learning_rate(t, T));
+    (void)sim.step(k, g, learning_rate(t, T));
   }
   o.accuracy = mlp::accuracy(sim.server().model(), test);
   o.train_loss = loss / double(B.per_epoch);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <gradcomp/layout.hpp>
 #include <gradcomp/protocols/lgc.hpp>
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/ring_allreduce.hpp>

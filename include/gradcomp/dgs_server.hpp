@@ -52,7 +52,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
-#include <gradcomp/sparsify.hpp>  // sparse_selection_count and the top-k kernels
+#include <gradcomp/payloads/topk.hpp>  // sparse_selection_count and the top-k kernels
 #include <gradcomp/system/generic/parameter_server.hpp>
 
 namespace gradcomp {
@@ -307,7 +307,7 @@ class dgs_server_state {
   /// every entry where w_k differs from theta (so the worker ends at theta_t,
   /// eq. 5); with it, the top R% of |theta - w_k| per layer (ties: lower index).
   /// With the dense downlink it is the whole model.
-  model_update update_for(int k) {
+  [[nodiscard]] model_update update_for(int k) {
     check_worker(k, "update_for");
     model_update u;
     u.timestamp = t_;
@@ -328,7 +328,7 @@ class dgs_server_state {
       if (options_.secondary_ratio == 0.0) {
         ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
       } else {
-        // k = max(1, ceil(R% n)), the same count as the workers' top-R% (sparsify.hpp).
+        // k = max(1, ceil(R% n)), the same count as the workers' top-R% (payloads/topk.hpp).
         const std::size_t kk = sparse_selection_count(th.size(), options_.secondary_ratio);
         if (kk >= th.size()) {  // R = 100%: everything that changed
           ps_collect_changed(Policy{}, th, std::span<const float>(wk), l.indices);
@@ -353,7 +353,7 @@ class dgs_server_state {
   }
 
   /// One iteration of Algorithm 2 for worker k: apply(g), then update_for(k).
-  model_update push(int k, std::span<const float> g) {
+  [[nodiscard]] model_update push(int k, std::span<const float> g) {
     check_worker(k, "push");
     apply(g);
     return update_for(k);
@@ -361,7 +361,7 @@ class dgs_server_state {
 
   /// A dense resync for a worker that (re)joins: the whole model theta_t, and
   /// w_k <- theta_t.
-  model_update resync(int k) {
+  [[nodiscard]] model_update resync(int k) {
     check_worker(k, "resync");
     model_update u;
     u.timestamp = t_;
@@ -476,7 +476,7 @@ void sync_aggregate(const D& decoder, std::span<const typename D::payload_type* 
 /// makes the worker's update rule (seed 001 Table 5): dense_codec is plain
 /// ASGD, sparsifier_with_memory is GD-async (Alg. 1, residual), its DGC mode is
 /// DGC-async (momentum correction and factor masking), sa_momentum is DGS
-/// (Alg. 3, eqs. 14-15); parameter_server.hpp names the four.
+/// (Alg. 3, eqs. 14-15); presets/parameter_server_rules.hpp names the four.
 ///
 /// encode() checks the whole scaled gradient for NaN/Inf before any codec
 /// runs, so a rejected step changes no layer's state.

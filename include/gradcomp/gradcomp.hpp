@@ -15,6 +15,9 @@
 #include <gradcomp/layout.hpp>
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/payloads/dense.hpp>
+#include <gradcomp/payloads/sparse_coo.hpp>
+#include <gradcomp/payloads/topk.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/samomentum.hpp>

@@ -11,7 +11,7 @@
 /// (eq. 16), u_c being its velocity after step c; with R = 100% every
 /// coordinate is sent every step and u follows dense momentum SGD (eq. 8).
 ///
-/// The payload is sparse_coo_payload (sparsify.hpp).
+/// The payload is sparse_coo_payload (payloads/sparse_coo.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +21,10 @@
 #include <vector>
 
 #include <gradcomp/detail/sparse_codec.hpp>
-#include <gradcomp/sparsify.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/payloads/sparse_coo.hpp>
+#include <gradcomp/payloads/topk.hpp>
+#include <gradcomp/sparsify.hpp>  // threshold_mode and the axpby_topk kernels
 
 namespace gradcomp {
 
@@ -96,7 +99,8 @@ class sa_momentum {
 
   /// Restores a state from save_state(); continues bit for bit. The state
   /// must come from a codec configured the same way (R, m, mode, seed), else
-  /// state_error; eta (set_learning_rate, a schedule value) is taken from the
+  /// option_mismatch_error (a state_error) naming the first option that
+  /// differs; eta (set_learning_rate, a schedule value) is taken from the
   /// state. Throws wire_error for malformed bytes, size_mismatch_error for
   /// another layer size, state_error for another codec kind; on error
   /// nothing changes.
@@ -116,9 +120,11 @@ class sa_momentum {
     detail::validate_saved_options([&] { validate_options(o, "sa_momentum state"); });
     auto velocity = detail::read_finite_floats(r, n_, "velocity");
     r.expect_end();
-    if (o.ratio_percent != options_.ratio_percent || o.momentum != options_.momentum || o.mode != options_.mode ||
-        o.seed != options_.seed)
-      throw state_error("sa_momentum::restore_state: the state was saved by a codec with other options");
+    const char* who = "sa_momentum::restore_state";
+    if (o.ratio_percent != options_.ratio_percent) throw option_mismatch_error(who, "ratio_percent");
+    if (o.momentum != options_.momentum) throw option_mismatch_error(who, "momentum");
+    if (o.mode != options_.mode) throw option_mismatch_error(who, "mode");
+    if (o.seed != options_.seed) throw option_mismatch_error(who, "seed");
     options_.learning_rate = o.learning_rate;
     steps_ = steps;
     velocity_ = std::move(velocity);
@@ -161,5 +167,8 @@ class sa_momentum {
   std::size_t last_selected_ = 0;
   execution::topk_workspace workspace_;
 };
+
+static_assert(StatefulCodec<sa_momentum<>> && DecodeAddCodec<sa_momentum<>>,
+              "sa_momentum is a stateful codec with decode_add");
 
 }  // namespace gradcomp

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
 #include <support/equality.hpp>
@@ -185,7 +186,7 @@ TEST_CASE("mpi async server, free-running: nothing lost, and a final pull gives 
         message m = t.irecv(0, ps_default_tag_down).wait();
         CHECK(w.apply_reply(std::span<const std::byte>(m.bytes), model).status == ps_pull_status::rejected);
       }
-      w.step(t, dyadic_gradient(n, k, c), 1.0f, model);
+      (void)w.step(t, dyadic_gradient(n, k, c), 1.0f, model);
     }
     MPI_Barrier(workers_comm);  // every push applied: the server's model is final
     CHECK(w.join(t, model).status == ps_pull_status::resynced);
@@ -232,4 +233,61 @@ TEST_CASE("mpi PS: a communicator of the wrong size is a typed error") {
     CHECK_THROWS_AS(sync_server.serve(t), invalid_argument_error);  // not rank 0
   }
   t.barrier();
+}
+
+TEST_CASE("mpi sync PS: a rejected push (codec mismatch) is an error on its worker only; a layout mismatch a layout_error") {
+  mpi_transport t(MPI_COMM_WORLD);
+  const int N = t.size() - 1;
+  bool ok = true;
+  // Round 0: worker 0 pushes dense layers to a server that expects sparse
+  // COO ones. Round 1 (a second server run): every worker has another layout.
+  if (t.rank() == 0) {
+    sync_ps_server<sparsifier_with_memory<>> server(layers3, N, gd_async_rule<>{.ratio_percent = 100});
+    server.serve(t);
+    CHECK(server.stats().rejected == 1);
+    ok = server.stats().rejected == 1;
+  } else {
+    const int k = t.rank() - 1;
+    const auto g0 = dyadic_gradient(layers3.total(), k, 0);
+    auto g = g0;
+    if (k == 0) {
+      sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{});
+      bool threw = false;
+      try {
+        (void)w.exchange(t, std::span<float>(g));
+      } catch (const ps_push_rejected_error& e) {
+        threw = e.result().rejected && e.result().contributors == std::uint32_t(N - 1);
+      }
+      CHECK(threw);
+      CHECK(bit_equal(g, g0));
+      ok = threw && bit_equal(g, g0);
+      w.leave(t);
+    } else {
+      sync_ps_worker<sparsifier_with_memory<>> w(layers3, gd_async_rule<>{.ratio_percent = 100});
+      const auto r = w.exchange(t, std::span<float>(g));
+      CHECK_FALSE(r.rejected);
+      CHECK(r.contributors == std::uint32_t(N - 1));
+      ok = !r.rejected && r.contributors == std::uint32_t(N - 1);
+      w.leave(t);
+    }
+  }
+  CHECK(all_ranks(ok));
+
+  ok = true;
+  const layer_partition other({37, 205});
+  if (t.rank() == 0) {
+    sync_ps_server<dense_codec<>> server(layers3, N, asgd_rule<>{});
+    server.serve(t);
+    CHECK(server.stats().rejected == std::uint64_t(N));
+    ok = server.stats().rejected == std::uint64_t(N);
+  } else {
+    sync_ps_worker<dense_codec<>> w(other, asgd_rule<>{});
+    auto g = dyadic_gradient(other.total(), t.rank() - 1, 0);
+    const auto before = g;
+    CHECK_THROWS_AS((void)w.exchange(t, std::span<float>(g)), layout_error);
+    CHECK(bit_equal(g, before));
+    ok = bit_equal(g, before);
+    w.leave(t);
+  }
+  CHECK(all_ranks(ok));
 }

@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/transport/fault_injection.hpp>
 #include <gradcomp/transport/inproc.hpp>
 #include <gradcomp/qsgd.hpp>
+#include <gradcomp/tags.hpp>
 #include <gradcomp/two_bit.hpp>
 
 #include <support/equality.hpp>
@@ -118,7 +120,7 @@ TEST_CASE("async PS over inproc, free-running: nothing lost whatever the arrival
   serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
     async_ps_worker<sparsifier_with_memory<>> w(layers3, rule);
     auto& model = models[std::size_t(k)];
-    for (int c = 0; c < steps; ++c) w.step(ep, dyadic_gradient(model.size(), k, c), 1.0f, model);
+    for (int c = 0; c < steps; ++c) CHECK(w.step(ep, dyadic_gradient(model.size(), k, c), 1.0f, model).status == ps_pull_status::updated);
     w.leave(ep);
     for (std::size_t j = 0; j < layers3.layers(); ++j) {
       auto r = w.uplink().codec(j).residual();
@@ -160,7 +162,7 @@ TEST_CASE("async PS: two-bit uplink with a dense downlink (MXNet dist_async)") {
     async_ps_worker<two_bit_quantizer<>> w(layers3, rule);
     std::vector<float> model(layers3.total(), 0.0f);
     w.join(ep, model);
-    for (int c = 0; c < steps; ++c) w.step(ep, dyadic_gradient(model.size(), k, c), 1.0f, model);
+    for (int c = 0; c < steps; ++c) CHECK(w.step(ep, dyadic_gradient(model.size(), k, c), 1.0f, model).status == ps_pull_status::updated);
     w.leave(ep);
     for (std::size_t j = 0; j < layers3.layers(); ++j) {
       auto r = w.uplink().codec(j).residual();
@@ -267,7 +269,7 @@ TEST_CASE("sync PS with sparse uplink and a re-encoded sparse downlink: nothing 
     sync_ps_worker<sparsifier_with_memory<>, sparsifier_with_memory<>> w(layers3, up, down);
     for (int r = 0; r < rounds; ++r) {
       auto g = dyadic_gradient(layers3.total(), k, r);
-      w.exchange(ep, std::span<float>(g));
+      CHECK_FALSE(w.exchange(ep, std::span<float>(g)).rejected);
       for (std::size_t i = 0; i < g.size(); ++i) received[std::size_t(k)][i] += g[i];
     }
     w.leave(ep);
@@ -306,7 +308,15 @@ TEST_CASE("faults, sync PS: a dead worker is dropped from later rounds; a corrup
     try {
       for (int r = 0; r < rounds; ++r) {
         auto g = dyadic_gradient(layers3.total(), k, r);
-        res[std::size_t(k)].push_back(w.exchange(t, std::span<float>(g)));
+        try {
+          res[std::size_t(k)].push_back(w.exchange(t, std::span<float>(g)));
+        } catch (const ps_push_rejected_error& e) {
+          // The rejected push's round: the gradient is left as it was, the
+          // error carries the round and the worker the others' aggregate.
+          CHECK(bit_equal(g, dyadic_gradient(layers3.total(), k, r)));
+          res[std::size_t(k)].push_back(e.result());
+          g.assign(w.aggregate().begin(), w.aggregate().end());
+        }
         got[std::size_t(k)].push_back(g);
       }
       w.leave(t);
@@ -399,7 +409,7 @@ TEST_CASE("async server: every corrupted or malformed push is rejected and the s
   std::vector<float> model = theta0;
   auto warm = server.handle(0, w.make_push(toy_gradient(model, 0, 0), 0.1f));
   REQUIRE(warm.event == ps_event::pushed);
-  w.apply_reply(warm.reply, model);
+  CHECK(w.apply_reply(warm.reply, model).status == ps_pull_status::updated);
 
   auto snapshot = [&] {
     std::vector<float> s(server.model().begin(), server.model().end());
@@ -439,7 +449,9 @@ TEST_CASE("async server: every corrupted or malformed push is rejected and the s
   b.start(c);
   b.append(dense_payload{{1, 2, 3, std::nanf(""), 5}});
   b.append(dense_payload{{1, 2, 3}});
-  CHECK(expect_rejected(b.take(), ps_reject_reason::non_finite));
+  // NaN/Inf in a payload body is rejected when the layer is parsed (one
+  // validation policy for every payload, payloads/dense.hpp): malformed.
+  CHECK(expect_rejected(b.take(), ps_reject_reason::malformed));
   b.start(c);
   b.append(dense_payload{{1, 2, 3, 4}});  // layer 0 has 5 elements
   b.append(dense_payload{{1, 2, 3, 4}});
@@ -473,7 +485,7 @@ TEST_CASE("async server: every corrupted or malformed push is rejected and the s
   b.start(c);
   b.append(dense_payload{{1, 2, 3, std::nanf(""), 5}});
   b.append(dense_payload{{1, 2, 3}});
-  CHECK_THROWS_AS(server.apply_push(1, b.take()), non_finite_error);
+  CHECK_THROWS_AS(server.apply_push(1, b.take()), wire::wire_error);
   b.start(one);
   b.append(dense_payload{{1, 2, 3, 4, 5}});
   CHECK_THROWS_AS(server.apply_push(1, b.take()), size_mismatch_error);
@@ -500,12 +512,12 @@ TEST_CASE("async worker: malformed and stale replies") {
   for (std::size_t bit = 0; bit < h2.reply.size() * 8; bit += 7) {
     auto bad = h2.reply;
     bad[bit / 8] ^= std::byte(1u << (bit % 8));
-    CHECK_THROWS_AS(w.apply_reply(bad, model), wire::wire_error);
+    CHECK_THROWS_AS((void)w.apply_reply(bad, model), wire::wire_error);
     REQUIRE(model == before);
   }
-  CHECK_THROWS_AS(w.apply_reply(w.make_push(toy_gradient(model, 0, 2), 0.1f), model), wire::wire_error);
+  CHECK_THROWS_AS((void)w.apply_reply(w.make_push(toy_gradient(model, 0, 2), 0.1f), model), wire::wire_error);
   std::vector<float> short_model(7);
-  CHECK_THROWS_AS(w.apply_reply(h2.reply, short_model), size_mismatch_error);
+  CHECK_THROWS_AS((void)w.apply_reply(h2.reply, short_model), size_mismatch_error);
   // A reject answering an unparseable request (sequence 0) answers the latest request.
   auto rej = ps_detail::serialize_reject(0, ps_reject_reason::malformed);
   auto r = w.apply_reply(rej, model);
@@ -555,7 +567,7 @@ TEST_CASE("faults: a worker that dies mid-run stalls neither the server nor the 
     auto& model = models[std::size_t(k)];
     try {
       for (int c = 0; c < steps; ++c) {
-        w.step(t, toy_gradient(model, k, c), 0.05f, model);
+        (void)w.step(t, toy_gradient(model, k, c), 0.05f, model);
         ++done[std::size_t(k)];
       }
       w.leave(t);
@@ -592,7 +604,7 @@ TEST_CASE("faults: a worker dead from the start is found by the probe after a re
     if (t.killed()) return;
     async_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{});
     std::vector<float> model = theta0;
-    for (int c = 0; c < 3; ++c) w.step(t, toy_gradient(model, k, c), 0.05f, model);
+    for (int c = 0; c < 3; ++c) (void)w.step(t, toy_gradient(model, k, c), 0.05f, model);
     w.leave(t);
   });
   CHECK(server.status(0) == ps_worker_status::left);
@@ -618,7 +630,7 @@ TEST_CASE("faults: a corrupted push is rejected, the run goes on, and equals the
     if (k == 1 && c == 2)
       (void)sim.worker(k).make_push(g, lr);
     else
-      sim.step(k, g, lr);
+      (void)sim.step(k, g, lr);
   }
   opt.schedule = sched;
   async_ps_server<sparsifier_with_memory<>> server(layers3, theta0, N, rule, opt);
@@ -657,7 +669,7 @@ TEST_CASE("faults: a slow worker does not hold the others back, and finishes too
     fault_injecting<inproc_endpoint> t(ep, plan);
     async_ps_worker<sa_momentum<>> w(layers3, rule);
     auto& model = models[std::size_t(k)];
-    for (int c = 0; c < steps; ++c) w.step(t, toy_gradient(model, k, c), 0.05f, model);
+    for (int c = 0; c < steps; ++c) (void)w.step(t, toy_gradient(model, k, c), 0.05f, model);
     w.leave(t);
   });
   CHECK(server.stats().pushes == std::uint64_t(N * steps));
@@ -705,11 +717,11 @@ TEST_CASE("async PS: a worker that left and comes back gets a dense resync") {
   const layer_partition L({6, 2});
   const auto theta0 = make_theta0(L.total(), 12);
   async_ps_simulation<sa_momentum<>> sim(L, theta0, 2, dgs_rule<>{.ratio_percent = 50});
-  for (int c = 0; c < 4; ++c) sim.step(c % 2, toy_gradient(sim.model(c % 2), c % 2, c), 0.1f);
+  for (int c = 0; c < 4; ++c) (void)sim.step(c % 2, toy_gradient(sim.model(c % 2), c % 2, c), 0.1f);
   auto& server = sim.server();
   CHECK(server.handle(1, sim.worker(1).make_leave()).event == ps_event::left);
   CHECK(server.status(1) == ps_worker_status::left);
-  sim.step(0, toy_gradient(sim.model(0), 0, 9), 0.1f);
+  (void)sim.step(0, toy_gradient(sim.model(0), 0, 9), 0.1f);
   // A push from a worker that left is applied and answered with a resync.
   auto r = sim.step(1, toy_gradient(sim.model(1), 1, 9), 0.1f);
   CHECK(r.status == ps_pull_status::resynced);
@@ -721,4 +733,112 @@ TEST_CASE("async PS: a worker that left and comes back gets a dense resync") {
   CHECK(sim.join(0).status == ps_pull_status::resynced);
   CHECK(bit_equal(sim.model(0), server.model()));
   CHECK(server.status(0) == ps_worker_status::active);
+}
+
+TEST_CASE("PS tags: defaults from the registry's parameter-server range; a tag in another piece's range is refused") {
+  static_assert(ps_default_tag_up == tags::parameter_server.first);
+  static_assert(ps_default_tag_down == tags::parameter_server.first + 1);
+  CHECK(tags::parameter_server.contains(sync_ps_options{}.tag_up));
+  CHECK(tags::parameter_server.contains(async_ps_options{}.tag_down));
+  CHECK(async_ps_worker_options{}.tag_up == 31000);
+  CHECK(async_ps_worker_options{}.tag_down == 31001);
+  const auto theta0 = make_theta0(layers3.total(), 5);
+  for (int bad : {tags::ring.first, tags::lgc.first + 3, tags::exchange.first, -1, 40000}) {
+    CAPTURE(bad);
+    async_ps_options a;
+    a.tag_up = bad;
+    CHECK_THROWS_AS((async_ps_server<dense_codec<>>(layers3, theta0, 2, asgd_rule<>{}, a)), invalid_argument_error);
+    sync_ps_options s;
+    s.tag_down = bad;
+    CHECK_THROWS_AS((sync_ps_server<dense_codec<>>(layers3, 2, asgd_rule<>{}, {}, s)), invalid_argument_error);
+    async_ps_worker_options w;
+    w.tag_down = bad;
+    CHECK_THROWS_AS((async_ps_worker<dense_codec<>>(layers3, asgd_rule<>{}, w)), invalid_argument_error);
+    CHECK_THROWS_AS((sync_ps_worker<dense_codec<>>(layers3, asgd_rule<>{}, {}, w)), invalid_argument_error);
+  }
+  // Tags moved into the user's range (or elsewhere in the PS range) work.
+  sync_ps_options moved;
+  moved.tag_up = 100;
+  moved.tag_down = tags::parameter_server.first + 7;
+  sync_ps_server<dense_codec<>> server(layers3, 2, asgd_rule<>{}, {}, moved);
+  std::vector<std::vector<float>> got(2);
+  serve_and_work(2, server, [&](int k, inproc_endpoint& ep) {
+    sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{}, {},
+                                    {.tag_up = moved.tag_up, .tag_down = moved.tag_down});
+    auto g = dyadic_gradient(layers3.total(), k, 0);
+    CHECK(w.exchange(ep, std::span<float>(g)).contributors == 2);
+    got[std::size_t(k)] = g;
+    w.leave(ep);
+  });
+  CHECK(bit_equal(got[0], got[1]));
+}
+
+TEST_CASE("sync PS: a push the server rejects (codec mismatch) throws ps_push_rejected_error, gradient unchanged") {
+  // The server expects sparse COO layers (GD-async uplink); worker 0 sends
+  // dense ones: its push is left out and it must not take the others' mean
+  // for its own result.
+  const int N = 2;
+  sync_ps_server<sparsifier_with_memory<>> server(layers3, N, gd_async_rule<>{.ratio_percent = 100});
+  std::vector<float> aggregate_seen_by_0, aggregate_of_1;
+  serve_and_work(N, server, [&](int k, inproc_endpoint& ep) {
+    const auto g0 = dyadic_gradient(layers3.total(), k, 0);
+    auto g = g0;
+    if (k == 0) {
+      sync_ps_worker<dense_codec<>> w(layers3, asgd_rule<>{});
+      bool threw = false;
+      try {
+        (void)w.exchange(ep, std::span<float>(g));
+      } catch (const ps_push_rejected_error& e) {
+        threw = true;
+        CHECK(e.result().rejected);
+        CHECK(e.result().contributors == 1);
+        CHECK(e.result().round == 0);
+      }
+      CHECK(threw);
+      CHECK(bit_equal(g, g0));  // not overwritten
+      CHECK(w.stats().rejected == 1);
+      aggregate_seen_by_0.assign(w.aggregate().begin(), w.aggregate().end());
+      w.leave(ep);
+    } else {
+      sync_ps_worker<sparsifier_with_memory<>> w(layers3, gd_async_rule<>{.ratio_percent = 100});
+      const auto r = w.exchange(ep, std::span<float>(g));
+      CHECK_FALSE(r.rejected);
+      CHECK(r.contributors == 1);
+      CHECK(bit_equal(g, g0));  // the mean of its own push alone (R = 100%: all of it)
+      aggregate_of_1 = g;
+      w.leave(ep);
+    }
+  });
+  CHECK(bit_equal(aggregate_seen_by_0, aggregate_of_1));
+  CHECK(server.stats().rejected == 1);
+  CHECK(server.stats().last_error.find("codec") != std::string::npos);
+}
+
+TEST_CASE("sync PS: a layer-layout mismatch is a layout_error on both sides, not a wire error") {
+  // Same total, other layer count; and same count and total, other sizes.
+  for (const auto& other : {layer_partition({37, 205}), layer_partition({40, 197, 5})}) {
+    CAPTURE(other.layers());
+    sync_ps_server<dense_codec<>> server(layers3, 1, asgd_rule<>{});
+    serve_and_work(1, server, [&](int, inproc_endpoint& ep) {
+      sync_ps_worker<dense_codec<>> w(other, asgd_rule<>{});
+      auto g = dyadic_gradient(other.total(), 0, 0);
+      const auto before = g;
+      CHECK_THROWS_AS((void)w.exchange(ep, std::span<float>(g)), layout_error);
+      CHECK(bit_equal(g, before));
+      w.leave(ep);
+    });
+    CHECK(server.stats().rejected == 1);
+    CHECK(server.stats().last_error.find("the model has") != std::string::npos);
+  }
+  // The transport-free half too: an aggregate of the server's layout.
+  sync_ps_server<dense_codec<>> server(layers3, 1, asgd_rule<>{});
+  sync_ps_worker<dense_codec<>> w(layer_partition({40, 197, 5}), asgd_rule<>{});
+  std::vector<float> g = dyadic_gradient(layers3.total(), 0, 0);
+  std::vector<std::vector<std::byte>> frames(1);
+  frames[0] = w.make_push(g);
+  const auto replies = server.round(frames);
+  REQUIRE(replies[0].size() > 0);
+  const auto before = g;
+  CHECK_THROWS_AS((void)w.apply_aggregate(replies[0], std::span<float>(g)), layout_error);
+  CHECK(bit_equal(g, before));
 }

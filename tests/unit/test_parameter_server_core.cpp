@@ -7,6 +7,7 @@
 
 #include <gradcomp/dgs_server.hpp>
 #include <gradcomp/parameter_server.hpp>
+#include <gradcomp/presets/parameter_server_rules.hpp>
 
 #include <support/error_checks.hpp>
 #include <support/equality.hpp>
@@ -270,19 +271,19 @@ TEST_CASE("dgs_server_state: a bad push leaves the state unchanged") {
   auto theta0 = make_theta0(three_layers.total(), 8);
   dgs_server_state<> s(three_layers, theta0, 2, {.secondary_ratio = 10});
   std::vector<float> g(three_layers.total(), 0.01f);
-  s.push(0, g);
+  (void)s.push(0, g);
   const auto model = std::vector<float>(s.model().begin(), s.model().end());
   const auto r0 = std::vector<float>(s.replica(0).begin(), s.replica(0).end());
   const auto r1 = std::vector<float>(s.replica(1).begin(), s.replica(1).end());
   const auto t = s.timestamp();
   auto bad = g;
   bad[100] = std::nanf("");
-  CHECK(gradcomp::test_support::non_finite_index_of([&] { s.push(1, bad); }) == 100);
-  CHECK_THROWS_AS(s.push(1, std::span<const float>(g).first(10)), size_mismatch_error);
-  CHECK_THROWS_AS(s.push(2, g), invalid_argument_error);
-  CHECK_THROWS_AS(s.push(-1, g), invalid_argument_error);
-  CHECK_THROWS_AS(s.update_for(2), invalid_argument_error);
-  CHECK_THROWS_AS(s.resync(5), invalid_argument_error);
+  CHECK(gradcomp::test_support::non_finite_index_of([&] { (void)s.push(1, bad); }) == 100);
+  CHECK_THROWS_AS((void)s.push(1, std::span<const float>(g).first(10)), size_mismatch_error);
+  CHECK_THROWS_AS((void)s.push(2, g), invalid_argument_error);
+  CHECK_THROWS_AS((void)s.push(-1, g), invalid_argument_error);
+  CHECK_THROWS_AS((void)s.update_for(2), invalid_argument_error);
+  CHECK_THROWS_AS((void)s.resync(5), invalid_argument_error);
   CHECK(bit_equal(s.model(), model));
   CHECK(bit_equal(s.replica(0), r0));
   CHECK(bit_equal(s.replica(1), r1));
@@ -342,7 +343,7 @@ TEST_CASE("dgs_server_state: resync sends the whole model and resets the worker'
   auto theta0 = make_theta0(three_layers.total(), 9);
   dgs_server_state<> s(three_layers, theta0, 2, {.secondary_ratio = 1});
   std::vector<float> g(three_layers.total(), 0.125f);
-  s.push(0, g);
+  (void)s.push(0, g);
   CHECK(s.pending(1) > 0);
   auto u = s.resync(1);
   CHECK(u.resync);

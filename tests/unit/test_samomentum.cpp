@@ -359,3 +359,37 @@ TEST_CASE("bad parameters and inputs") {
   CHECK_THROWS_AS(codec.restore_state(truncated), wire::wire_error);
   CHECK(bit_equal(before, codec.velocity()));
 }
+
+TEST_CASE("restore_state with other options throws option_mismatch_error naming the option, and changes nothing") {
+  const std::size_t n = 300;
+  const auto o = make_options(1.0, 0.7f, 0.1f, threshold_mode::exact);
+  sa_momentum<> a(n, o);
+  std::mt19937 gen(9);
+  sparse_coo_payload p;
+  a.encode(normal(gen, n), p);
+  const auto state = a.save_state();
+  const std::vector<std::pair<const char*, sa_momentum_options>> cases = {
+      {"ratio_percent", make_options(2.0, 0.7f, 0.1f, threshold_mode::exact)},
+      {"momentum", make_options(1.0, 0.6f, 0.1f, threshold_mode::exact)},
+      {"mode", make_options(1.0, 0.7f, 0.1f, threshold_mode::sampled)},
+      {"seed", [&] { auto x = o; x.seed = o.seed + 1; return x; }()},
+  };
+  for (const auto& [name, other] : cases) {
+    CAPTURE(name);
+    sa_momentum<> b(n, other);
+    b.encode(normal(gen, n), p);
+    const std::vector<float> before(b.velocity().begin(), b.velocity().end());
+    try {
+      b.restore_state(state);
+      FAIL("restored a state saved with another " << name);
+    } catch (const option_mismatch_error& e) {
+      CHECK(e.option() == name);
+    }
+    CHECK(bit_equal(b.velocity(), before));
+    CHECK(b.steps() == 1);
+  }
+  // eta is a schedule value: taken from the state.
+  sa_momentum<> c(n, make_options(1.0, 0.7f, 0.5f, threshold_mode::exact));
+  CHECK_NOTHROW(c.restore_state(state));
+  CHECK(c.options().learning_rate == 0.1f);
+}

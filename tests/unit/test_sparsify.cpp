@@ -544,3 +544,44 @@ TEST_CASE("a zero-length layer encodes to an empty payload") {
   CHECK(p.length == 0);
   CHECK(wire::parse<sparse_coo_payload>(wire::serialize(p)).length == 0);
 }
+
+TEST_CASE("restore_state with other options throws option_mismatch_error naming the option, and changes nothing") {
+  const std::size_t n = 500;
+  sparsifier_options o;
+  o.ratio_percent = 2.0;
+  o.seed = 3;
+  o.dgc_momentum = true;
+  o.momentum = 0.8f;
+  sparsifier_with_memory<> a(n, o);
+  gradient_source src(12);
+  sparse_coo_payload p;
+  a.encode(src.next(n), p);
+  const auto state = a.save_state();
+  const std::vector<std::pair<const char*, sparsifier_options>> cases = {
+      {"ratio_percent", [&] { auto x = o; x.ratio_percent = 3.0; return x; }()},
+      {"mode", [&] { auto x = o; x.mode = threshold_mode::sampled; return x; }()},
+      {"seed", [&] { auto x = o; x.seed = 4; return x; }()},
+      {"dgc_momentum", [&] { auto x = o; x.dgc_momentum = false; return x; }()},
+      {"momentum", [&] { auto x = o; x.momentum = 0.5f; return x; }()},
+  };
+  for (const auto& [name, other] : cases) {
+    CAPTURE(name);
+    sparsifier_with_memory<> b(n, other);
+    b.encode(src.next(n), p);
+    const std::vector<float> before(b.residual().begin(), b.residual().end());
+    try {
+      b.restore_state(state);
+      FAIL("restored a state saved with another " << name);
+    } catch (const option_mismatch_error& e) {
+      CHECK(e.option() == name);
+      CHECK(std::string(e.what()).find(name) != std::string::npos);
+    }
+    CHECK(bit_equal(b.residual(), before));
+    CHECK(b.steps() == 1);
+  }
+  // eta is a schedule value, not an option that must agree.
+  auto scaled = o;
+  scaled.scale = 0.25f;
+  sparsifier_with_memory<> c(n, scaled);
+  CHECK_NOTHROW(c.restore_state(state));
+}

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include <gradcomp/sparsify.hpp>  // includes the topk kernels of every configured backend
+#include <gradcomp/payloads/topk.hpp>  // the selection count and the topk kernels of every configured backend
 
 #include <support/random_vectors.hpp>
 #include <support/topk_reference.hpp>
