@@ -241,6 +241,30 @@ TEST_CASE("linear ring: bad configuration is a typed error before any message") 
   CHECK(f.endpoint(1).messages_received() == 0);
 }
 
+TEST_CASE("compressed rings: every entry point refuses a tag_base in another piece's range (tags.hpp)") {
+  const low_rank_layer layer(16, 2, 64, 3);
+  auto gq = fitted_codec(layer, 2);
+  gradcomp::transport::inproc_fabric f(2);
+  vec x(64, 1.0f);
+  dense_codec<> dense;
+  gradcomp::two_bit_quantizer<> two_bit(64, gradcomp::two_bit_options::fixed(0.5f));
+  std::vector<gradcomp::two_bit_quantizer<>> codecs{two_bit};
+  auto& ep = f.endpoint(0);
+  for (int bad : {31000, 30000, 16384, 32767, -1}) {
+    CAPTURE(bad);
+    const ring_options o{.tag_base = bad};
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_linear(ep, gq, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_linear(ep, dense, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_reencode(ep, codecs, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allgather_decode(ep, two_bit, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce(ep, two_bit, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce(ep, dense, x, o), gradcomp::invalid_argument_error);
+  }
+  CHECK(ep.messages_sent() == 0);
+  CHECK(f.endpoint(1).messages_received() == 0);
+  for (float v : x) CHECK(v == 1.0f);  // refused before touching the data
+}
+
 TEST_CASE("linear ring: a corrupted or truncated segment is a wire_error / transport_error, not a hang") {
   const int n = 4;
   const low_rank_layer layer(16, 3, 16 * 8, 21);
