@@ -54,6 +54,21 @@ struct layer_shape {
   std::size_t length = 0;   ///< element count (dense; for conv F*D*H*W)
 
   /// A conv layer of F filters of H x W x D, framework layout [F, D, H, W].
+  ///
+  /// Argument order: the framework's tensor order, outermost first,
+  ///
+  ///     conv(f, d, h, w) = conv(filters F,          // out_channels
+  ///                             depth D,            // in_channels
+  ///                             height H,           // kernel height kH
+  ///                             width W)            // kernel width kW
+  ///
+  /// i.e. PyTorch's `Conv2d.weight.shape` read left to right:
+  /// `conv(t.size(0), t.size(1), t.size(2), t.size(3))`. The paper writes a
+  /// layer's shape the other way round, (H, W, D, F): its "(3,3,16,16)" layer
+  /// is `conv(16, 16, 3, 3)`, and `conv(64, 3, 5, 7)` is 64 filters over 3
+  /// input channels with 5 x 7 kernels (K = W*D*F = 7*3*64). Getting the order
+  /// wrong still compiles and gives a layer of the same size, but flattens
+  /// (and slices) it wrongly: keep F first and W last.
   /// Throws invalid_argument_error on a zero extent or an element count that overflows.
   static layer_shape conv(std::size_t f, std::size_t d, std::size_t h, std::size_t w) {
     if (f == 0 || d == 0 || h == 0 || w == 0)

@@ -393,5 +393,15 @@ TEST_CASE("mpi ring: bad tags are typed errors before any message") {
   CHECK_THROWS_AS(ring_allreduce(t, std::span<float>(x), {.tag_base = -1}), invalid_argument_error);
   dense_codec<> c;
   CHECK_THROWS_AS(ring_allreduce_linear(t, c, std::span<float>(x), {.tag_base = -5}), invalid_argument_error);
+  // The tag registry (tags.hpp): the parameter servers' 31000 and a base whose
+  // second tag passes MPI's guaranteed bound are refused, on every rank alike.
+  CHECK_THROWS_AS(ring_allreduce(t, std::span<float>(x), {.tag_base = 31000}), invalid_argument_error);
+  CHECK_THROWS_AS(ring_allreduce(t, std::span<float>(x), {.tag_base = 32767}), invalid_argument_error);
+  CHECK_THROWS_AS(ring_allreduce_linear(t, c, std::span<float>(x), {.tag_base = 31000}), invalid_argument_error);
+  for (float v : x) CHECK(v == 1.0f);
+  t.barrier();
+  // The top of the ring's own range works.
+  ring_allreduce(t, std::span<float>(x), {.tag_base = gradcomp::tags::ring.end() - 2});
+  for (float v : x) CHECK(v == float(t.size()));
   t.barrier();
 }

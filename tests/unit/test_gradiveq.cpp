@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 using namespace gradcomp;
@@ -521,6 +523,43 @@ TEST_CASE("gradiveq: a consistent hand-made payload parses") {
   CHECK_NOTHROW((void)wire::parse<gradiveq_payload>(wire::serialize(p)));
 }
 
+TEST_CASE("gradiveq: a payload with a non-finite coefficient or tail value is rejected at parse") {
+  // The same hand-made payload as above (it parses), with one value replaced
+  // by NaN, +Inf or -Inf: a valid checksum, a malformed body.
+  gradiveq_payload p;
+  p.fingerprint = 1;
+  p.count = 1;
+  p.slice_size = 16;
+  p.length = 35;  // 2 slices and a tail of 3
+  p.coefficients.assign(6, 1.0f);
+  p.tail.assign(3, 2.0f);
+  CHECK_NOTHROW((void)wire::parse<gradiveq_payload>(wire::serialize(p)));
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (std::size_t at : {std::size_t{0}, std::size_t{5}}) {
+      auto q = p;
+      q.coefficients[at] = bad;
+      const auto bytes = wire::serialize(q);
+      try {
+        (void)wire::parse<gradiveq_payload>(bytes);
+        FAIL("accepted a non-finite coefficient");
+      } catch (const wire::wire_error& e) {
+        CHECK(e.code() == wire::wire_errc::malformed_body);
+        CHECK(std::string(e.what()).find("non-finite") != std::string::npos);
+      }
+    }
+    auto q = p;
+    q.tail[2] = bad;
+    try {
+      (void)wire::parse<gradiveq_payload>(wire::serialize(q));
+      FAIL("accepted a non-finite tail value");
+    } catch (const wire::wire_error& e) {
+      CHECK(e.code() == wire::wire_errc::malformed_body);
+      CHECK(std::string(e.what()).find("non-finite") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("gradiveq: bad input") {
   const low_rank_source src(16, 3, 0.01, 5);
   gradiveq_options o;
@@ -919,6 +958,29 @@ TEST_CASE("gradiveq: restore_state rejects other parameters and corrupted states
   CHECK_THROWS_AS(b.restore_state(state), state_error);
   linear_compressor<> c(120, o);
   CHECK_THROWS_AS(c.restore_state(state), state_error);
+  // The typed error names the option that differs (and is a state_error).
+  auto mismatched_option = [&](linear_compressor<>& x) {
+    try {
+      x.restore_state(state);
+    } catch (const option_mismatch_error& e) {
+      CHECK(std::string(e.what()).find(e.option()) != std::string::npos);
+      return e.option();
+    }
+    FAIL("restore_state accepted a state saved with other options");
+    return std::string();
+  };
+  CHECK(mismatched_option(b) == "lambda");
+  CHECK(mismatched_option(c) == "layer_length");
+  auto other_s = o;
+  other_s.reuse_factor = 2;
+  linear_compressor<> bs(96, other_s);
+  CHECK(mismatched_option(bs) == "reuse_factor");
+  auto other_solver = o;
+  other_solver.solver = pca_solver::gram;
+  linear_compressor<> bv(96, other_solver);
+  CHECK(mismatched_option(bv) == "solver");
+  CHECK(!b.has_basis());
+  CHECK(!bs.has_basis());
 
   linear_compressor<> d(96, o);
   for (std::size_t i = 0; i < state.size(); i += 11) {

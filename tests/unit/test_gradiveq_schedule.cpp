@@ -116,7 +116,7 @@ TEST_CASE("schedule: a majority of stale votes ends L_c early") {
   CHECK(s.advance(3, 3).next == gradiveq_phase::sampling);
   CHECK(s.advance(3, 3).fit_basis);
   // A majority on the last compressed iteration is a normal end, not an early one.
-  for (int i = 0; i < 9; ++i) s.advance(0, 3);
+  for (int i = 0; i < 9; ++i) (void)s.advance(0, 3);
   const auto last = s.advance(3, 3);
   CHECK(last.next == gradiveq_phase::sampling);
   CHECK(!last.ended_early);
@@ -149,39 +149,39 @@ TEST_CASE("schedule: adaptive cycles shorten after an early end and grow back") 
   o.adaptive_cycles = true;
   gradiveq_schedule s(o);
   auto sample = [&] {
-    while (s.phase() == gradiveq_phase::sampling) s.advance();
+    while (s.phase() == gradiveq_phase::sampling) (void)s.advance();
   };
   sample();
   CHECK(s.compressed_length() == 40);
-  for (int i = 0; i < 9; ++i) s.advance(0, 2);
+  for (int i = 0; i < 9; ++i) (void)s.advance(0, 2);
   CHECK(s.advance(2, 2).ended_early);  // ended after 10
   CHECK(s.compressed_length() == 10);
   sample();
-  s.advance(2, 2);  // ended after 1: floor at min_compressed_iterations
+  (void)s.advance(2, 2);  // ended after 1: floor at min_compressed_iterations
   CHECK(s.compressed_length() == 4);
   sample();
   std::size_t n = 0;
   while (s.phase() == gradiveq_phase::compressed) {
-    s.advance(0, 2);
+    (void)s.advance(0, 2);
     ++n;
   }
   CHECK(n == 4);
   CHECK(s.compressed_length() == 8);  // full cycle: doubles
   sample();
-  for (int i = 0; i < 8; ++i) s.advance(0, 2);
+  for (int i = 0; i < 8; ++i) (void)s.advance(0, 2);
   CHECK(s.compressed_length() == 16);
   sample();
-  for (int i = 0; i < 16; ++i) s.advance(0, 2);
+  for (int i = 0; i < 16; ++i) (void)s.advance(0, 2);
   sample();
-  for (int i = 0; i < 32; ++i) s.advance(0, 2);
+  for (int i = 0; i < 32; ++i) (void)s.advance(0, 2);
   CHECK(s.compressed_length() == 40);  // capped at L_c
 
   // Without the option L_c never changes.
   o.adaptive_cycles = false;
   gradiveq_schedule f(o);
-  f.advance();
-  f.advance();
-  f.advance(2, 2);
+  (void)f.advance();
+  (void)f.advance();
+  (void)f.advance(2, 2);
   CHECK(f.compressed_length() == 40);
 }
 
@@ -274,8 +274,8 @@ TEST_CASE("schedule: state save/restore continues identically") {
   o.adaptive_cycles = true;
   o.min_compressed_iterations = 2;
   gradiveq_schedule a(o);
-  for (int i = 0; i < 6; ++i) a.advance(i % 2, 2);
-  a.advance(2, 2);  // a stale run in progress
+  for (int i = 0; i < 6; ++i) (void)a.advance(i % 2, 2);
+  (void)a.advance(2, 2);  // a stale run in progress
   const auto state = a.save_state();
   gradiveq_schedule b(o);
   b.restore_state(state);
@@ -296,6 +296,28 @@ TEST_CASE("schedule: state save/restore continues identically") {
   other.compressed_iterations = 8;
   gradiveq_schedule c(other);
   CHECK_THROWS_AS(c.restore_state(state), state_error);
+  // The typed error names the option that differs; nothing is restored.
+  auto mismatched_option = [&](gradiveq_schedule& x) {
+    try {
+      x.restore_state(state);
+    } catch (const option_mismatch_error& e) {
+      CHECK(std::string(e.what()).find(e.option()) != std::string::npos);
+      return e.option();
+    }
+    FAIL("restore_state accepted a state saved with other options");
+    return std::string();
+  };
+  CHECK(mismatched_option(c) == "compressed_iterations");
+  CHECK(c.iteration() == 0);
+  auto other_threshold = o;
+  other_threshold.stale_threshold = 0.5;
+  gradiveq_schedule e(other_threshold);
+  CHECK(mismatched_option(e) == "stale_threshold");
+  auto other_bits = o;
+  other_bits.qsgd_bits = o.qsgd_bits + 1;
+  gradiveq_schedule f(other_bits);
+  CHECK(mismatched_option(f) == "qsgd_bits");
+  CHECK(f.iteration() == 0);
   gradiveq_schedule d(o);
   for (std::size_t i = 0; i < state.size(); i += 5) {
     auto bad = state;
@@ -321,7 +343,7 @@ TEST_CASE("schedule: bad input") {
   bad([](auto& o) { o.stale_threshold = std::nan(""); });
   bad([](auto& o) { o.qsgd_bits = 0; });
   gradiveq_schedule s;
-  CHECK_THROWS_AS(s.advance(3, 2), invalid_argument_error);
-  CHECK_THROWS_AS(s.advance(0, 0), invalid_argument_error);
+  CHECK_THROWS_AS((void)s.advance(3, 2), invalid_argument_error);
+  CHECK_THROWS_AS((void)s.advance(0, 0), invalid_argument_error);
   CHECK(s.iteration() == 0);
 }

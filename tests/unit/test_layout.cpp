@@ -59,6 +59,26 @@ TEST_CASE("layout: conv flattening follows Fig. 3a (filters together, then depth
   }
 }
 
+TEST_CASE("layout: layer_shape::conv takes (F, D, H, W), the framework's [out, in, kH, kW] order") {
+  // The example of the header's comment: 64 filters over 3 input channels, 5 x 7 kernels.
+  const auto s = layer_shape::conv(64, 3, 5, 7);
+  CHECK(s.kind == layer_kind::conv);
+  CHECK(s.filters == 64);
+  CHECK(s.depth == 3);
+  CHECK(s.height == 5);
+  CHECK(s.width == 7);
+  CHECK(s.size() == 64u * 3u * 5u * 7u);
+  CHECK(s.default_slice_size() == 7u * 3u * 64u);  // K = W*D*F
+  CHECK(s.slice_granularity() == 3u * 64u);        // F*D
+  // Framework element (f, d, h, w) of a [64, 3, 5, 7] tensor: w varies fastest.
+  CHECK(framework_index(s, 0, 0, 0, 1) == 1);
+  CHECK(framework_index(s, 0, 0, 1, 0) == 7);
+  CHECK(framework_index(s, 0, 1, 0, 0) == 35);
+  CHECK(framework_index(s, 1, 0, 0, 0) == 105);
+  // The paper's "(3,3,16,16)" (H, W, D, F) layer is conv(16, 16, 3, 3).
+  CHECK(layer_shape::conv(16, 16, 3, 3).default_slice_size() == 768);
+}
+
 TEST_CASE("layout: flatten/unflatten are inverse on arbitrary values, both ways round") {
   const auto s = layer_shape::conv(8, 5, 3, 4);
   std::vector<float> x(s.size());

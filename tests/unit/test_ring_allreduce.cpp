@@ -273,6 +273,48 @@ TEST_CASE("ring_allreduce: several collectives share a transport through tag bas
   CHECK_THROWS_AS(ring_allreduce(f.endpoint(0), v, {.tag_base = -1}), gradcomp::invalid_argument_error);
 }
 
+TEST_CASE("ring_allreduce: tags come from the registry; a tag_base in another piece's range is refused") {
+  // The default is the first tag of the ring's range (tags.hpp), unchanged.
+  CHECK(ring_options{}.tag_base == gradcomp::tags::ring.first);
+  CHECK(ring_options{}.tag_base == 32000);
+  CHECK(gradcomp::ring_default_tag_base == 32000);
+  inproc_fabric f(2);
+  std::vector<float> v(3, 1.0f);
+  auto refused = [&](ring_options o, const char* names) {
+    CAPTURE(o.tag_base);
+    try {
+      ring_allreduce(f.endpoint(0), v, o);
+      FAIL("a colliding tag_base was accepted");
+    } catch (const gradcomp::invalid_argument_error& e) {
+      CHECK(std::string(e.what()).find("ring_allreduce") != std::string::npos);
+      CHECK(std::string(e.what()).find(names) != std::string::npos);
+    }
+  };
+  refused({.tag_base = 31000}, "parameter servers");  // the parameter servers' [31000, 31016)
+  refused({.tag_base = 30999}, "parameter servers");  // its second tag, 31000, collides
+  refused({.tag_base = 30000}, "LGC");                // LGC's [30000, 30032)
+  refused({.tag_base = 16384}, "model exchange");     // the whole-model exchange's buckets
+  refused({.tag_base = 16383}, "model exchange");     // user range, but tag_base + 1 is not
+  refused({.tag_base = 32767}, "32767");              // tag_base + 1 leaves what every MPI accepts
+  refused({.tag_base = -1}, "tag_base");
+  CHECK(f.endpoint(0).messages_sent() == 0);           // refused before any message
+  CHECK(f.endpoint(1).messages_received() == 0);
+
+  // Accepted: the user range, anywhere inside the ring's own range, and a
+  // protocol's own range when it names it as tag_owner.
+  std::vector<std::vector<float>> x(2, std::vector<float>(5, 1.0f));
+  run_workers(2, [&](inproc_endpoint& ep) {
+    auto& mine = x[std::size_t(ep.rank())];
+    ring_allreduce(ep, mine, {.tag_base = 16382});
+    ring_allreduce(ep, mine, {.tag_base = 32062});
+    ring_allreduce(ep, mine, {.tag_base = 30004, .tag_owner = gradcomp::tags::lgc});
+  });
+  for (const auto& r : x)
+    for (float e : r) CHECK(e == 8.0f);
+  // Naming another owner does not open a third piece's range.
+  refused({.tag_base = 31000, .tag_owner = gradcomp::tags::lgc}, "parameter servers");
+}
+
 TEST_CASE("ring_allreduce: ranks disagreeing on the length get transport_error, not a hang") {
   for (bool zero_copy : {false, true})
   for (int n : {2, 3, 4}) {

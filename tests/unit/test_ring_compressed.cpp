@@ -18,6 +18,7 @@
 
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
+#include <support/wire_checks.hpp>
 
 #include <array>
 #include <atomic>
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <string>
@@ -241,6 +243,30 @@ TEST_CASE("linear ring: bad configuration is a typed error before any message") 
   CHECK(f.endpoint(1).messages_received() == 0);
 }
 
+TEST_CASE("compressed rings: every entry point refuses a tag_base in another piece's range (tags.hpp)") {
+  const low_rank_layer layer(16, 2, 64, 3);
+  auto gq = fitted_codec(layer, 2);
+  gradcomp::transport::inproc_fabric f(2);
+  vec x(64, 1.0f);
+  dense_codec<> dense;
+  gradcomp::two_bit_quantizer<> two_bit(64, gradcomp::two_bit_options::fixed(0.5f));
+  std::vector<gradcomp::two_bit_quantizer<>> codecs{two_bit};
+  auto& ep = f.endpoint(0);
+  for (int bad : {31000, 30000, 16384, 32767, -1}) {
+    CAPTURE(bad);
+    const ring_options o{.tag_base = bad};
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_linear(ep, gq, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_linear(ep, dense, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce_reencode(ep, codecs, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allgather_decode(ep, two_bit, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce(ep, two_bit, x, o), gradcomp::invalid_argument_error);
+    CHECK_THROWS_AS(gradcomp::ring_allreduce(ep, dense, x, o), gradcomp::invalid_argument_error);
+  }
+  CHECK(ep.messages_sent() == 0);
+  CHECK(f.endpoint(1).messages_received() == 0);
+  for (float v : x) CHECK(v == 1.0f);  // refused before touching the data
+}
+
 TEST_CASE("linear ring: a corrupted or truncated segment is a wire_error / transport_error, not a hang") {
   const int n = 4;
   const low_rank_layer layer(16, 3, 16 * 8, 21);
@@ -275,6 +301,90 @@ TEST_CASE("linear ring: a corrupted or truncated segment is a wire_error / trans
       }
       CAPTURE(what);
       CHECK(typed);
+      CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+    }
+}
+
+namespace {
+// A sender whose first message carries `value` (NaN, Inf) at float `body_float`
+// of its payload body under a valid checksum: a buggy or hostile peer the CRC
+// does not catch.
+template <class T>
+class poisoning_sender {
+ public:
+  poisoning_sender(T& t, std::size_t body_float, float value) : t_(t), at_(body_float), value_(value) {}
+  int rank() const { return t_.rank(); }
+  int size() const { return t_.size(); }
+  auto isend(int peer, int tag, std::vector<std::byte>&& bytes) {
+    const std::size_t offset = gradcomp::wire::header_size + 4 * at_;
+    if (!done_ && bytes.size() >= offset + 4) {
+      std::memcpy(bytes.data() + offset, &value_, 4);
+      gradcomp::test_support::reseal(bytes);
+      done_ = true;
+    }
+    return t_.isend(peer, tag, std::move(bytes));
+  }
+  auto irecv(int peer, int tag) { return t_.irecv(peer, tag); }
+
+ private:
+  T& t_;
+  std::size_t at_;
+  float value_;
+  bool done_ = false;
+};
+static_assert(gradcomp::Transport<poisoning_sender<inproc_endpoint>>);
+}  // namespace
+
+TEST_CASE("linear ring: a non-finite value under a valid checksum is a malformed_body wire_error (GradiVeQ, dense)") {
+  const int n = 3;
+  const low_rank_layer layer(16, 3, 16 * 6, 23);
+  const auto gq = fitted_codec(layer, n);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    for (bool dense : {false, true}) {
+      CAPTURE(dense);
+      std::mutex m;
+      std::string what;
+      gradcomp::wire::wire_errc code = gradcomp::wire::wire_errc::truncated;
+      bool rank1_failed = false;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        on_ring(n, [&](int r, inproc_endpoint& ep) {
+          vec x = layer.sample(3 + std::uint64_t(r));
+          auto reduce = [&](auto& t) {
+            if (dense) {
+              dense_codec<> c;
+              gradcomp::ring_allreduce_linear(t, c, x);
+            } else {
+              auto mine = gq;
+              gradcomp::ring_allreduce_linear(t, mine, x);
+            }
+          };
+          try {
+            if (r == 0) {
+              // GradiVeQ body: 32 fixed bytes (8 floats), then the coefficients; dense: floats from byte 0.
+              poisoning_sender<inproc_endpoint> t(ep, dense ? 0 : 8, bad);
+              reduce(t);
+            } else {
+              reduce(ep);
+            }
+          } catch (const gradcomp::wire::wire_error& e) {
+            if (r == 1) {
+              std::lock_guard<std::mutex> lock(m);
+              rank1_failed = true;
+              code = e.code();
+              what = e.what();
+            }
+            throw;
+          }
+        }, 20s);
+        FAIL("no error");
+      } catch (const gradcomp::error&) {
+      }
+      CAPTURE(what);
+      CHECK(rank1_failed);  // rank 1 receives rank 0's first segment
+      CHECK(code == gradcomp::wire::wire_errc::malformed_body);
+      CHECK(what.find("non-finite") != std::string::npos);
+      CHECK(what.find("from rank 0") != std::string::npos);
       CHECK(std::chrono::steady_clock::now() - t0 < 30s);
     }
 }

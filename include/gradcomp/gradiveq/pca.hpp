@@ -1,0 +1,173 @@
+#pragma once
+/// \file gradiveq/pca.hpp
+/// GradiVeQ (seed 002): the PCA of the aggregated gradient samples (in double
+/// precision, with Eigen) and eq. 6, the choice of the dimension d.
+/// Part of <gradcomp/gradiveq.hpp>.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+// See system/generic/gradiveq.hpp: a GCC 12 false positive inside Eigen.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <Eigen/Cholesky>
+#include <Eigen/Core>
+#include <Eigen/Eigenvalues>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <gradcomp/errors.hpp>
+
+namespace gradcomp {
+
+/// Eq. 6: the smallest d such that the d largest eigenvalues hold at least
+/// 1 - lambda of the total, given `eigenvalues` sorted in descending order
+/// (negative values, rounding noise of a PSD spectrum, count as 0).
+/// Returns 0 only when every eigenvalue is 0. Throws invalid_argument_error
+/// for lambda outside [0, 1) or a NaN eigenvalue.
+inline std::size_t select_dimension(std::span<const double> eigenvalues, double lambda) {
+  if (!(lambda >= 0.0 && lambda < 1.0))
+    throw invalid_argument_error("gradiveq: lambda must be in [0, 1), got " + std::to_string(lambda));
+  double total = 0.0;
+  for (std::size_t i = 0; i < eigenvalues.size(); ++i) {
+    if (std::isnan(eigenvalues[i])) throw invalid_argument_error("gradiveq: NaN eigenvalue");
+    if (i > 0 && eigenvalues[i] > eigenvalues[i - 1])
+      throw invalid_argument_error("gradiveq: eigenvalues must be sorted in descending order");
+    total += std::max(eigenvalues[i], 0.0);
+  }
+  if (!(total > 0.0)) return 0;
+  const double target = (1.0 - lambda) * total;
+  double captured = 0.0;
+  for (std::size_t d = 0; d < eigenvalues.size(); ++d) {
+    captured += std::max(eigenvalues[d], 0.0);
+    if (captured >= target) return d + 1;
+  }
+  return eigenvalues.size();  // unreachable in exact arithmetic: captured == total at the end
+}
+
+/// How the PCA eigenvectors are computed (both give the same subspace).
+enum class pca_solver : std::uint8_t {
+  automatic = 0,   ///< Gram when the sample rows R <= K, covariance otherwise
+  covariance = 1,  ///< eigen-decomposition of the K x K covariance (the paper's recipe)
+  gram = 2,        ///< eigen-decomposition of the R x R Gram matrix of the centred samples
+};
+
+namespace detail {
+
+/// Eigenvalues below this fraction of the largest are rounding noise of a
+/// rank-deficient covariance (float inputs carry ~1e-15 relative energy of
+/// noise): they count as 0 in eq. 6 and their vectors are not used.
+inline constexpr double eigen_floor = 1e-12;
+
+/// Makes the largest-magnitude entry of each column positive, so the basis
+/// does not depend on the sign an eigensolver happens to return.
+inline void normalise_signs(Eigen::MatrixXd& v) {
+  for (Eigen::Index j = 0; j < v.cols(); ++j) {
+    Eigen::Index at = 0;
+    v.col(j).cwiseAbs().maxCoeff(&at);
+    if (v(at, j) < 0) v.col(j) = -v.col(j);
+  }
+}
+
+/// Restores orthonormal columns without changing the leading directions
+/// (the Q of a QR with positive diagonal, i.e. Gram-Schmidt): two passes of
+/// Cholesky QR (V <- V L^-T with V^T V = L L^T), all in matrix products;
+/// modified Gram-Schmidt if a Cholesky factor does not exist.
+inline void reorthonormalise(Eigen::MatrixXd& v) {
+  for (int pass = 0; pass < 2; ++pass) {
+    Eigen::MatrixXd w(v.cols(), v.cols());
+    w.setZero();
+    w.selfadjointView<Eigen::Lower>().rankUpdate(v.transpose());
+    Eigen::LLT<Eigen::MatrixXd> llt(w);
+    if (llt.info() == Eigen::Success && llt.matrixL().toDenseMatrix().diagonal().minCoeff() > 1e-8) {
+      llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
+      continue;
+    }
+    for (Eigen::Index j = 0; j < v.cols(); ++j) {
+      for (Eigen::Index i = 0; i < j; ++i) v.col(j) -= v.col(i).dot(v.col(j)) * v.col(i);
+      const double n = v.col(j).norm();
+      if (n > 0) v.col(j) /= n;
+    }
+  }
+}
+
+/// PCA of R sample rows of length K (row-major floats), in double precision:
+/// the mean, the covariance spectrum (descending, min(R, K) values, noise
+/// below eigen_floor set to 0) and, on demand, the leading eigenvectors.
+/// Covariance: C = Xc^T Xc / (R-1), eigenvectors of the K x K matrix.
+/// Gram: eigenpairs (s, v) of Xc Xc^T (R x R) give C's eigenpairs
+/// (s/(R-1), Xc^T v / sqrt(s)) for the non-zero s: the same subspace for a
+/// fraction of the cost when R < K, and only the vectors asked for are formed.
+class pca_decomposition {
+ public:
+  pca_decomposition(const float* rows, std::size_t R, std::size_t K, pca_solver solver) {
+    using row_major_f = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const auto r = static_cast<Eigen::Index>(R), k = static_cast<Eigen::Index>(K);
+    xc_ = Eigen::Map<const row_major_f>(rows, r, k).cast<double>();
+    mean_ = xc_.colwise().mean().transpose();
+    xc_.rowwise() -= mean_.transpose();
+    const double scale = 1.0 / double(R - 1);
+    gram_ = solver == pca_solver::gram || (solver == pca_solver::automatic && R <= K);
+    const Eigen::Index n = gram_ ? r : k;
+    Eigen::MatrixXd m(n, n);
+    m.setZero();
+    if (gram_) m.selfadjointView<Eigen::Lower>().rankUpdate(xc_);
+    else m.selfadjointView<Eigen::Lower>().rankUpdate(xc_.transpose(), scale);
+    es_.compute(m);  // reads the lower triangle only
+    if (es_.info() != Eigen::Success) throw state_error("gradiveq: PCA eigen-decomposition did not converge");
+    const Eigen::VectorXd& s = es_.eigenvalues();  // ascending
+    const double top = std::max(s(n - 1), 0.0);
+    const Eigen::Index keep = std::min(r, k);
+    spectrum_.assign(static_cast<std::size_t>(keep), 0.0);
+    for (Eigen::Index i = 0; i < keep; ++i) {
+      const double v = s(n - 1 - i);
+      const bool kept = top > 0 && v > eigen_floor * top;
+      spectrum_[static_cast<std::size_t>(i)] = kept ? (gram_ ? v * scale : v) : 0.0;
+      if (kept) available_ = static_cast<std::size_t>(i + 1);
+    }
+  }
+
+  const Eigen::VectorXd& mean() const noexcept { return mean_; }
+  const std::vector<double>& spectrum() const noexcept { return spectrum_; }
+  /// Eigenvectors with a non-zero eigenvalue.
+  std::size_t available() const noexcept { return available_; }
+
+  /// The leading `count` (<= available()) orthonormal eigenvectors, K x count,
+  /// sign-normalised.
+  Eigen::MatrixXd vectors(std::size_t count) const {
+    const auto c = static_cast<Eigen::Index>(std::min(count, available_));
+    const Eigen::Index n = es_.eigenvectors().cols();
+    Eigen::MatrixXd v;
+    if (gram_) {
+      // One product for all columns: Xc^T [v_1 .. v_c] diag(1/sqrt(s_i)).
+      Eigen::MatrixXd top = es_.eigenvectors().rightCols(c).rowwise().reverse();
+      for (Eigen::Index i = 0; i < c; ++i) top.col(i) /= std::sqrt(es_.eigenvalues()(n - 1 - i));
+      v.noalias() = xc_.transpose() * top;
+      reorthonormalise(v);
+    } else {
+      v = es_.eigenvectors().rightCols(c).rowwise().reverse();
+    }
+    normalise_signs(v);
+    return v;
+  }
+
+ private:
+  Eigen::MatrixXd xc_;  // centred samples, R x K
+  Eigen::VectorXd mean_;
+  bool gram_ = false;
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es_;
+  std::vector<double> spectrum_;
+  std::size_t available_ = 0;
+};
+
+}  // namespace detail
+
+}  // namespace gradcomp

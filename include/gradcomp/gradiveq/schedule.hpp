@@ -1,0 +1,236 @@
+#pragma once
+/// \file gradiveq/schedule.hpp
+/// GradiVeQ (seed 002, Sec. 3 and Fig. 6): the warm-up / sampling /
+/// compressed iteration schedule and the eq. 7 majority vote that ends a
+/// compressed phase early. Part of <gradcomp/gradiveq.hpp>.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include <gradcomp/errors.hpp>
+#include <gradcomp/gradiveq/payload.hpp>
+#include <gradcomp/gradiveq/saved_options.hpp>
+#include <gradcomp/wire.hpp>
+
+namespace gradcomp {
+
+/// A node's vote for "the basis is stale": its relative eq. 7 loss exceeds the threshold.
+inline bool stale_vote(const local_loss_value& v, double threshold) noexcept { return v.relative() > threshold; }
+
+/// The majority rule of Sec. 3 (L_c): more than half of the `nodes` voted stale.
+inline bool majority_stale(std::size_t stale_nodes, std::size_t nodes) noexcept { return 2 * stale_nodes > nodes; }
+
+/// The phase an iteration of GradiVeQ training is in (Sec. 3, Fig. 6).
+enum class gradiveq_phase : std::uint8_t {
+  warmup = 0,      ///< uncompressed aggregation, no sampling (stabilises the model)
+  sampling = 1,    ///< aggregated uncompressed or QSGD-quantized; each aggregate is a PCA sample
+  compressed = 2,  ///< GradiVeQ-compressed aggregation (Algorithm 1)
+};
+
+/// How the sampling iterations aggregate (the schedule only reports it; the
+/// driver does the quantization, e.g. with qsgd.hpp).
+enum class sampling_aggregation : std::uint8_t {
+  qsgd = 0,          ///< paper (Sec. 4): QSGD-quantized, 4 bits by default
+  uncompressed = 1,  ///< plain dense aggregation
+};
+
+/// Parameters of gradiveq_schedule. Defaults are the paper's (Sec. 4).
+struct gradiveq_schedule_options {
+  std::size_t warmup_iterations = 2500;     ///< uncompressed iterations before the first sampling
+  std::size_t sampling_iterations = 100;    ///< L_t (at least 2: a covariance needs 2 samples)
+  std::size_t compressed_iterations = 400;  ///< L_c (at least 1)
+  sampling_aggregation sampling = sampling_aggregation::qsgd;
+  unsigned qsgd_bits = 4;                   ///< bits per QSGD level on sampling iterations
+  /// Relative eq. 7 loss above which a node votes stale (stale_vote). The
+  /// default, infinity, never votes: fixed L_c as in the paper's experiments.
+  double stale_threshold = std::numeric_limits<double>::infinity();
+  std::size_t patience = 1;  ///< consecutive majority-stale compressed iterations that end L_c early
+  /// Beyond the paper: after L_c ends early at j iterations the next cycle's
+  /// L_c is max(min_compressed_iterations, j) (never above L_c); a full cycle
+  /// doubles it back towards compressed_iterations.
+  bool adaptive_cycles = false;
+  std::size_t min_compressed_iterations = 25;
+};
+
+/// What the caller must do after an iteration (returned by advance()).
+struct gradiveq_step {
+  gradiveq_phase next = gradiveq_phase::warmup;  ///< phase of the next iteration
+  bool fit_basis = false;    ///< the L_t samples are complete: call fit() on every layer's codec now
+  bool ended_early = false;  ///< L_c ended early on the eq. 7 majority vote
+};
+
+/// The GradiVeQ iteration schedule (Sec. 3, Fig. 6): warm-up, then cycles of
+/// L_t sampling iterations and L_c compressed iterations, L_c possibly ended
+/// early when a majority of nodes see a large eq. 7 loss. A state machine
+/// only: it says which phase an iteration is in; every node runs its own copy
+/// and feeds it the same vote counts, so all stay in step.
+///
+///     for each iteration:
+///       switch (sched.phase()) { warmup: dense all-reduce;
+///                                sampling: QSGD/dense all-reduce, codec.add_sample(aggregate);
+///                                compressed: GradiVeQ ring, votes = sum over nodes of stale_vote(...) }
+///       if (sched.advance(votes, N).fit_basis) codec.fit();
+class gradiveq_schedule {
+ public:
+  explicit gradiveq_schedule(gradiveq_schedule_options o = {}) : opt_(o) {
+    if (opt_.sampling_iterations < 2)
+      throw invalid_argument_error("gradiveq_schedule: L_t (sampling_iterations) must be at least 2");
+    if (opt_.compressed_iterations < 1)
+      throw invalid_argument_error("gradiveq_schedule: L_c (compressed_iterations) must be at least 1");
+    if (opt_.patience < 1) throw invalid_argument_error("gradiveq_schedule: patience must be at least 1");
+    if (opt_.min_compressed_iterations < 1)
+      throw invalid_argument_error("gradiveq_schedule: min_compressed_iterations must be at least 1");
+    if (std::isnan(opt_.stale_threshold) || opt_.stale_threshold < 0.0)
+      throw invalid_argument_error("gradiveq_schedule: stale_threshold must be >= 0");
+    if (opt_.qsgd_bits < 1 || opt_.qsgd_bits > 16)
+      throw invalid_argument_error("gradiveq_schedule: qsgd_bits must be in [1, 16]");
+    current_lc_ = opt_.compressed_iterations;
+    if (opt_.warmup_iterations == 0) enter(gradiveq_phase::sampling);
+  }
+
+  const gradiveq_schedule_options& options() const noexcept { return opt_; }
+  /// Phase of the current iteration.
+  gradiveq_phase phase() const noexcept { return phase_; }
+  /// Iterations completed (the current iteration's index).
+  std::uint64_t iteration() const noexcept { return iteration_; }
+  /// Sampling/compressed cycles started (0 during warm-up, 1 in the first cycle).
+  std::uint64_t cycle() const noexcept { return cycle_; }
+  /// Iterations already completed in the current phase.
+  std::size_t phase_position() const noexcept { return position_; }
+  /// L_c of the current (or next) compressed phase; below L_c only with adaptive_cycles.
+  std::size_t compressed_length() const noexcept { return current_lc_; }
+  /// True when sampling iterations should be QSGD-quantized.
+  bool sampling_quantized() const noexcept { return opt_.sampling == sampling_aggregation::qsgd; }
+  /// This node's eq. 7 vote under the configured threshold.
+  bool vote(const local_loss_value& v) const noexcept { return stale_vote(v, opt_.stale_threshold); }
+
+  /// Ends the current iteration without a vote. The step says whether to
+  /// fit the bases now (fit_basis): not to be ignored.
+  [[nodiscard]] gradiveq_step advance() { return step(false); }
+
+  /// Ends the current iteration; in a compressed iteration `stale_nodes` of
+  /// `nodes` voted stale (the same counts on every node). Ignored otherwise.
+  [[nodiscard]] gradiveq_step advance(std::size_t stale_nodes, std::size_t nodes) {
+    if (nodes == 0 || stale_nodes > nodes)
+      throw invalid_argument_error("gradiveq_schedule::advance: need 0 <= stale_nodes <= nodes, nodes >= 1");
+    return step(phase_ == gradiveq_phase::compressed && majority_stale(stale_nodes, nodes));
+  }
+
+  /// The schedule's counters, in the wire state container (codec id control).
+  [[nodiscard]] std::vector<std::byte> save_state() const {
+    return wire::serialize_state(wire::codec_id::control, 0, [&](wire::writer& w) {
+      detail::write_saved_options(w, [&](auto visit) { for_each_option(visit); });
+      w.put<std::uint8_t>(static_cast<std::uint8_t>(phase_));
+      w.put<std::uint64_t>(iteration_);
+      w.put<std::uint64_t>(cycle_);
+      w.put<std::uint64_t>(position_);
+      w.put<std::uint64_t>(current_lc_);
+      w.put<std::uint64_t>(stale_run_);
+    });
+  }
+
+  /// Restores a save_state() of an identically configured schedule; a state
+  /// saved with another value of an option throws option_mismatch_error
+  /// naming it (a state_error). Strong guarantee.
+  void restore_state(std::span<const std::byte> bytes) {
+    using wire::reader;
+    wire::header h;
+    reader r = wire::parse_state(bytes, wire::codec_id::control, &h);
+    reader::check(h.element_count == 0, "gradiveq_schedule state: element count must be 0");
+    detail::expect_saved_options(r, [&](auto visit) { for_each_option(visit); }, "gradiveq_schedule::restore_state");
+    const auto phase = r.get<std::uint8_t>();
+    const auto iteration = r.get<std::uint64_t>();
+    const auto cycle = r.get<std::uint64_t>();
+    const auto position = r.get<std::uint64_t>();
+    const auto lc = r.get<std::uint64_t>();
+    const auto stale = r.get<std::uint64_t>();
+    r.expect_end();
+    reader::check(phase <= 2, "gradiveq_schedule state: bad phase");
+    reader::check(lc >= floor_lc() && lc <= opt_.compressed_iterations,
+                  "gradiveq_schedule state: L_c out of range");
+    const auto ph = static_cast<gradiveq_phase>(phase);
+    const std::uint64_t limit = ph == gradiveq_phase::warmup     ? opt_.warmup_iterations
+                                : ph == gradiveq_phase::sampling ? opt_.sampling_iterations
+                                                                 : lc;
+    reader::check(position < limit, "gradiveq_schedule state: position past its phase");
+    reader::check(stale < opt_.patience, "gradiveq_schedule state: stale run too long");
+    reader::check((ph == gradiveq_phase::warmup) == (cycle == 0), "gradiveq_schedule state: cycle and phase disagree");
+    reader::check(iteration >= position, "gradiveq_schedule state: iteration before its phase");
+    phase_ = ph;
+    iteration_ = iteration;
+    cycle_ = cycle;
+    position_ = static_cast<std::size_t>(position);
+    current_lc_ = static_cast<std::size_t>(lc);
+    stale_run_ = static_cast<std::size_t>(stale);
+  }
+
+ private:
+  gradiveq_step step(bool majority) {
+    gradiveq_step s;
+    ++iteration_;
+    ++position_;
+    switch (phase_) {
+      case gradiveq_phase::warmup:
+        if (position_ >= opt_.warmup_iterations) enter(gradiveq_phase::sampling);
+        break;
+      case gradiveq_phase::sampling:
+        if (position_ >= opt_.sampling_iterations) {
+          enter(gradiveq_phase::compressed);
+          s.fit_basis = true;
+        }
+        break;
+      case gradiveq_phase::compressed: {
+        stale_run_ = majority ? stale_run_ + 1 : 0;
+        const bool early = stale_run_ >= opt_.patience && position_ < current_lc_;
+        if (early || position_ >= current_lc_) {
+          if (opt_.adaptive_cycles)
+            current_lc_ = early ? std::max(floor_lc(), position_)
+                                : std::min(opt_.compressed_iterations, 2 * current_lc_);
+          s.ended_early = early;
+          enter(gradiveq_phase::sampling);
+        }
+        break;
+      }
+    }
+    s.next = phase_;
+    return s;
+  }
+
+  std::size_t floor_lc() const noexcept { return std::min(opt_.min_compressed_iterations, opt_.compressed_iterations); }
+
+  void enter(gradiveq_phase p) {
+    if (p == gradiveq_phase::sampling) ++cycle_;
+    phase_ = p;
+    position_ = 0;
+    stale_run_ = 0;
+  }
+
+  // The options a saved state must share, in the state's order (visit(name, wire scalar)).
+  template <class Visit>
+  void for_each_option(Visit&& visit) const {
+    visit("warmup_iterations", std::uint64_t{opt_.warmup_iterations});
+    visit("sampling_iterations", std::uint64_t{opt_.sampling_iterations});
+    visit("compressed_iterations", std::uint64_t{opt_.compressed_iterations});
+    visit("sampling", static_cast<std::uint8_t>(opt_.sampling));
+    visit("qsgd_bits", std::uint32_t{opt_.qsgd_bits});
+    visit("stale_threshold", opt_.stale_threshold);
+    visit("patience", std::uint64_t{opt_.patience});
+    visit("adaptive_cycles", static_cast<std::uint8_t>(opt_.adaptive_cycles ? 1 : 0));
+    visit("min_compressed_iterations", std::uint64_t{opt_.min_compressed_iterations});
+  }
+
+  gradiveq_schedule_options opt_;
+  gradiveq_phase phase_ = gradiveq_phase::warmup;
+  std::uint64_t iteration_ = 0;
+  std::uint64_t cycle_ = 0;
+  std::size_t position_ = 0;
+  std::size_t current_lc_ = 0;
+  std::size_t stale_run_ = 0;
+};
+
+}  // namespace gradcomp

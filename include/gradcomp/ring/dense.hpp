@@ -1,0 +1,208 @@
+#pragma once
+/// \file ring/dense.hpp
+/// The plain (uncompressed) ring all-reduce of float vectors: reduce-scatter,
+/// then all-gather (seed 002, Algorithm 1 without its compression steps), over
+/// a Transport that moves byte vectors or a ZeroCopyTransport.
+/// Part of <gradcomp/ring_allreduce.hpp>.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/ring/schedule.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+
+/// Bytes of a float span, copied into a new buffer (no zero-fill first).
+inline std::vector<std::byte> ring_bytes_of(std::span<const float> x) {
+  const auto* p = reinterpret_cast<const std::byte*>(x.data());
+  return std::vector<std::byte>(p, p + x.size_bytes());
+}
+
+/// Throws transport_error unless a received segment has the expected length.
+inline void ring_check_length(std::size_t got_bytes, std::size_t expected_floats, int self, int source, int segment,
+                              const char* phase, int step) {
+  const std::size_t expected = expected_floats * sizeof(float);
+  if (got_bytes != expected)
+    throw transport_error("ring_allreduce: rank " + std::to_string(self) + " expected " + std::to_string(expected) +
+                          " bytes for segment " + std::to_string(segment) + " from rank " + std::to_string(source) +
+                          " (" + phase + " step " + std::to_string(step) + "), got " + std::to_string(got_bytes) +
+                          " (do all ranks pass the same length?)");
+}
+
+/// True when a byte buffer can be viewed as floats in place. Vector storage
+/// comes from operator new, so this holds in practice; callers copy otherwise.
+inline bool ring_float_aligned(const std::vector<std::byte>& b) noexcept {
+  return reinterpret_cast<std::uintptr_t>(b.data()) % alignof(float) == 0;
+}
+
+inline std::span<float> ring_as_floats(std::vector<std::byte>& b) noexcept {
+  return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
+}
+
+inline void ring_copy_out(const std::vector<std::byte>& from, std::span<float> to) noexcept {
+  if (!to.empty()) std::memcpy(to.data(), from.data(), to.size_bytes());
+}
+
+/// The ring over a plain Transport, which moves whole byte vectors (inproc):
+/// received buffers are summed into and forwarded, so the only copies are the
+/// first send of each phase and the all-gather's copy into `data`.
+template <class Policy, class T>
+void ring_allreduce_moving(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
+  const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
+  using recv_handle = decltype(t.irecv(prev, tag_rs));
+  using send_handle = decltype(t.isend(next, tag_rs, std::vector<std::byte>{}));
+
+  // Post every receive up front: they match the predecessor's messages in
+  // order, so each arriving segment lands straight in its handle.
+  std::vector<recv_handle> rs_recv, ag_recv;
+  rs_recv.reserve(static_cast<std::size_t>(steps));
+  ag_recv.reserve(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) rs_recv.push_back(t.irecv(prev, tag_rs));
+  for (int s = 0; s < steps; ++s) ag_recv.push_back(t.irecv(prev, tag_ag));
+  std::vector<send_handle> sends;
+  sends.reserve(static_cast<std::size_t>(2 * steps));
+
+  // Reduce-scatter. Step 0 sends a copy of the own segment; later steps add
+  // the own segment into the received buffer and forward that buffer (moved:
+  // no copy). The last step adds into `data` instead, completing the owned segment.
+  sends.push_back(t.isend(next, tag_rs, ring_bytes_of(ring.segment<float>(data, ring.reduce_scatter_send(0)))));
+  std::vector<std::byte> spare;  // the last received buffer, reused for the all-gather's first send
+  std::vector<float> unaligned;  // only used if a buffer is not float-aligned
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.reduce_scatter_recv(s);
+    message m = rs_recv[static_cast<std::size_t>(s)].wait();
+    ring_check_length(m.bytes.size(), ring.size(k), self, m.source, k, "reduce-scatter", s);
+    const std::span<float> own = ring.segment<float>(data, k);
+    const bool last = s + 1 == steps;
+    if (ring_float_aligned(m.bytes)) {
+      const std::span<float> received = ring_as_floats(m.bytes);
+      if (last)
+        add_into(Policy{}, own, std::span<const float>(received));
+      else
+        add_into(Policy{}, received, std::span<const float>(own));  // IEEE addition commutes: same bits
+    } else {
+      unaligned.resize(own.size());
+      ring_copy_out(m.bytes, unaligned);
+      if (last) {
+        add_into(Policy{}, own, std::span<const float>(unaligned));
+      } else {
+        add_into(Policy{}, std::span<float>(unaligned), std::span<const float>(own));
+        if (!unaligned.empty()) std::memcpy(m.bytes.data(), unaligned.data(), m.bytes.size());
+      }
+    }
+    if (last)
+      spare = std::move(m.bytes);
+    else
+      sends.push_back(t.isend(next, tag_rs, std::move(m.bytes)));
+  }
+
+  const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
+  if (options.average) ring_average(mine, ring.size());
+
+  // All-gather. The first send reuses the last reduce-scatter buffer (same
+  // segment, same size); each received segment is copied into `data` and
+  // the same buffer forwarded.
+  if (!mine.empty()) std::memcpy(spare.data(), mine.data(), mine.size_bytes());
+  sends.push_back(t.isend(next, tag_ag, std::move(spare)));
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.all_gather_recv(s);
+    message m = ag_recv[static_cast<std::size_t>(s)].wait();
+    ring_check_length(m.bytes.size(), ring.size(k), self, m.source, k, "all-gather", s);
+    ring_copy_out(m.bytes, ring.segment<float>(data, k));
+    if (s + 1 < steps) sends.push_back(t.isend(next, tag_ag, std::move(m.bytes)));
+  }
+  for (auto& h : sends) h.wait();
+}
+
+/// The ring over a ZeroCopyTransport (MPI): sends straight from `data`,
+/// reduce-scatter receives into two alternating scratch segments (the next
+/// receive is posted before the current one is added), all-gather receives
+/// straight into `data`. No copies, two segment-sized allocations.
+template <class Policy, class T>
+void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
+  const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
+  auto bytes = [](std::span<float> x) { return std::as_writable_bytes(x); };
+  auto cbytes = [](std::span<float> x) { return std::as_bytes(x); };
+  using recv_handle = decltype(t.irecv_into(prev, tag_rs, std::span<std::byte>{}));
+  using send_handle = decltype(t.isend_view(next, tag_rs, std::span<const std::byte>{}));
+
+  // Declared before the handles: a pending handle may still use them when destroyed.
+  std::vector<float> scratch[2];
+  scratch[0].resize(ring.size(0));  // segment 0 is a largest one
+  scratch[1].resize(steps > 1 ? ring.size(0) : 0);
+  std::vector<send_handle> sends;
+  sends.reserve(static_cast<std::size_t>(steps));
+  std::vector<recv_handle> recvs;
+  recvs.reserve(static_cast<std::size_t>(steps));
+
+  // Reduce-scatter: data[k] += received, then data[k] is sent on. Every
+  // segment but the owned one is overwritten by the all-gather afterwards.
+  recvs.push_back(t.irecv_into(prev, tag_rs, bytes(scratch[0])));
+  sends.push_back(t.isend_view(next, tag_rs, cbytes(ring.segment<float>(data, ring.reduce_scatter_send(0)))));
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 < steps) recvs.push_back(t.irecv_into(prev, tag_rs, bytes(scratch[(s + 1) % 2])));
+    const int k = ring.reduce_scatter_recv(s);
+    const std::size_t got = recvs[static_cast<std::size_t>(s)].wait();
+    ring_check_length(got, ring.size(k), self, prev, k, "reduce-scatter", s);
+    const std::span<float> own = ring.segment<float>(data, k);
+    add_into(Policy{}, own, std::span<const float>(scratch[s % 2].data(), own.size()));
+    if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_rs, cbytes(own)));
+  }
+  // The all-gather receives into segments sent above: those sends must be done.
+  for (auto& h : sends) h.wait();
+  sends.clear();
+  recvs.clear();
+
+  const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
+  if (options.average) ring_average(mine, ring.size());
+
+  // All-gather: receive each segment into place, forward it from there.
+  for (int s = 0; s < steps; ++s)
+    recvs.push_back(t.irecv_into(prev, tag_ag, bytes(ring.segment<float>(data, ring.all_gather_recv(s)))));
+  sends.push_back(t.isend_view(next, tag_ag, cbytes(mine)));
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.all_gather_recv(s);
+    const std::size_t got = recvs[static_cast<std::size_t>(s)].wait();
+    ring_check_length(got, ring.size(k), self, prev, k, "all-gather", s);
+    if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(ring.segment<float>(data, k))));
+  }
+  for (auto& h : sends) h.wait();
+}
+
+}  // namespace detail
+
+/// Sums (or averages, options.average) `data` in place across all ranks of `t`
+/// with a ring all-reduce; additions use add_into(Policy{}, ...) from the
+/// policy's kernels. A ZeroCopyTransport (MPI) sends from and receives into
+/// `data` directly; other transports move byte vectors (see the detail
+/// functions). See the file comment for the algorithm, tags and errors.
+template <ExecutionPolicy Policy, Transport T>
+void ring_allreduce(Policy, T& t, std::span<float> data, const ring_options& options = {}) {
+  detail::ring_check_tags(options, "ring_allreduce");
+  const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
+  if (ring.size() == 1) return;  // the sum (and the mean) of one vector is itself
+  if constexpr (ZeroCopyTransport<T>)
+    detail::ring_allreduce_zero_copy<Policy>(t, data, ring, options);
+  else
+    detail::ring_allreduce_moving<Policy>(t, data, ring, options);
+}
+
+/// ring_allreduce with the generic (execution::seq) kernels.
+template <Transport T>
+void ring_allreduce(T& t, std::span<float> data, const ring_options& options = {}) {
+  ring_allreduce(execution::seq{}, t, data, options);
+}
+
+}  // namespace gradcomp

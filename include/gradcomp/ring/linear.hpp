@@ -1,0 +1,257 @@
+#pragma once
+/// \file ring/linear.hpp
+/// Algorithm 1 of seed 002: the pipelined ring all-reduce in the compressed
+/// domain of a LinearCodec (ring_allreduce_linear), and its customization
+/// point ring_segmentation (where the segments begin, how one is encoded).
+/// Part of <gradcomp/ring_allreduce.hpp>.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/ring/channel.hpp>
+#include <gradcomp/ring/schedule.hpp>
+#include <gradcomp/ring/stats.hpp>
+
+namespace gradcomp {
+
+/// A codec that cuts its vector into ring segments on its own granularity
+/// and encodes one segment at its offset (GradiVeQ's linear_compressor:
+/// segments of whole slices, eq. 3 on the slices of the segment only).
+template <class C>
+concept SegmentedCodec = Codec<C> && requires(const C& cc, C& c, std::size_t parts, std::size_t offset,
+                                              std::span<const float> segment, typename C::payload_type& p) {
+  { cc.segment_bounds(parts) } -> std::convertible_to<std::vector<std::size_t>>;
+  c.encode_segment(offset, segment, p);
+};
+
+/// The customization point of ring_allreduce_linear: where the N segments of
+/// a codec's vector begin, how one segment is encoded, and how a received
+/// payload is checked against the segment it arrives for.
+///
+/// Default: a SegmentedCodec is asked (segment_bounds(N), encode_segment);
+/// any other codec gets ring_schedule's equal float segments and encode() of
+/// the segment. A payload type with an `offset` member (gradiveq_payload)
+/// must carry the offset of the segment it arrives for. Specialise this
+/// template for a codec that needs other boundaries.
+template <class C>
+struct ring_segmentation {
+  /// parts + 1 non-decreasing offsets from 0 to `length`.
+  static std::vector<std::size_t> bounds(const C& codec, std::size_t length, int parts) {
+    if constexpr (SegmentedCodec<C>) {
+      return codec.segment_bounds(static_cast<std::size_t>(parts));
+    } else {
+      const ring_schedule ring(0, parts, length);
+      std::vector<std::size_t> b(static_cast<std::size_t>(parts) + 1);
+      for (int j = 0; j < parts; ++j) b[static_cast<std::size_t>(j)] = ring.begin(j);
+      b.back() = length;
+      return b;
+    }
+  }
+  /// Encodes the segment starting at element `offset` (`codec` is a C or a const C).
+  template <class Self>
+  static void encode(Self& codec, std::size_t offset, std::span<const float> segment, typename C::payload_type& out) {
+    if constexpr (SegmentedCodec<C>) {
+      codec.encode_segment(offset, segment, out);
+    } else {
+      (void)offset;
+      codec.encode(segment, out);
+    }
+  }
+  /// Throws size_mismatch_error when a received payload says it belongs to another segment.
+  static void check(const typename C::payload_type& p, std::size_t offset, const std::string& where) {
+    if constexpr (requires(const typename C::payload_type& q) {
+                    { q.offset } -> std::convertible_to<std::uint64_t>;
+                  }) {
+      if (static_cast<std::uint64_t>(p.offset) != static_cast<std::uint64_t>(offset))
+        throw size_mismatch_error(where + ": payload for another segment (offset)", offset,
+                                  static_cast<std::size_t>(p.offset));
+    } else {
+      (void)p;
+      (void)offset;
+      (void)where;
+    }
+  }
+};
+
+/// The default "own encode" observer of ring_allreduce_linear: does nothing.
+struct ring_no_observer {
+  template <class... A>
+  void operator()(A&&...) const noexcept {}
+};
+
+namespace detail {
+
+/// Validates a codec's segment bounds against the vector and the ring.
+inline std::vector<std::size_t> ring_checked_bounds(std::vector<std::size_t> b, std::size_t length, int parts,
+                                                    const char* who) {
+  if (b.size() != static_cast<std::size_t>(parts) + 1)
+    throw invalid_argument_error(std::string(who) + ": the codec gave " + std::to_string(b.size()) +
+                                 " segment bounds for " + std::to_string(parts) + " segments");
+  if (b.back() != length)
+    throw size_mismatch_error(std::string(who) + ": the codec's vector length vs the data", b.back(), length);
+  if (b.front() != 0 || !std::is_sorted(b.begin(), b.end()))
+    throw invalid_argument_error(std::string(who) + ": the codec's segment bounds must rise from 0 to the length");
+  return b;
+}
+
+/// Throws invalid_argument_error when a codec that knows how many payloads
+/// its aggregate sums (GradiVeQ's N of eq. 3) was configured for another N.
+template <class C>
+void ring_check_summands(const C& codec, int n, const char* who) {
+  if constexpr (requires(const C& c) {
+                  { c.summands() } -> std::convertible_to<std::size_t>;
+                }) {
+    if (static_cast<std::size_t>(codec.summands()) != static_cast<std::size_t>(n))
+      throw invalid_argument_error(std::string(who) + ": the codec is configured for " +
+                                   std::to_string(codec.summands()) + " summands but the ring has " +
+                                   std::to_string(n) + " ranks (set_summands(N))");
+  } else {
+    (void)codec;
+    (void)n;
+    (void)who;
+  }
+}
+/// Algorithm 1 of seed 002 (see ring_allreduce_linear).
+template <class Policy, class T, class C, class OnEncode>
+ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_options& options, OnEncode& on_encode) {
+  using payload = typename std::remove_const_t<C>::payload_type;
+  using seg = ring_segmentation<std::remove_const_t<C>>;
+  constexpr const char* who = "ring_allreduce_linear";
+  const auto started = ring_clock::now();
+  ring_stats st;
+  ring_check_tags(options, who);
+  const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
+  const int n = ring.size(), self = ring.rank(), steps = ring.steps();
+  ring_check_summands(codec, n, who);
+  const std::vector<std::size_t> bounds = ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n),
+                                                              data.size(), n, who);
+  auto segment = [&](int j) {
+    const auto u = static_cast<std::size_t>(j);
+    return data.subspan(bounds[u], bounds[u + 1] - bounds[u]);
+  };
+  std::vector<std::size_t> body(static_cast<std::size_t>(n), 0);  // body size of this rank's payload of each segment
+  payload own;
+  // Eq. 3 on this rank's segment j; every segment is encoded exactly once.
+  auto encode_own = [&](int j) {
+    const auto u = static_cast<std::size_t>(j);
+    ring_timed(st.encode_seconds, [&] { seg::encode(codec, bounds[u], std::span<const float>(segment(j)), own); });
+    ++st.encodes;
+    body[u] = own.body_size();
+    st.own_encoded_bytes += codec.encoded_bytes(own);
+    on_encode(j, std::span<const float>(segment(j)), std::as_const(own));
+  };
+  // Eq. 5 into segment j (then the mean, when asked: the same operation on the same bits everywhere).
+  auto decode_segment = [&](const payload& p, int j) {
+    ring_timed(st.decode_seconds, [&] {
+      codec.decode(p, segment(j));
+      if (options.average) ring_average(segment(j), n);
+    });
+    ++st.decodes;
+  };
+  if (n == 1) {
+    encode_own(0);
+    decode_segment(own, 0);
+    st.seconds = ring_seconds_since(started);
+    return st;
+  }
+
+  const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
+  ring_channel<T> ch(t, ring.next(), ring.prev(), st);
+  auto rs_recv = ch.post(tag_rs, steps);
+  auto ag_recv = ch.post(tag_ag, steps);
+  auto receive = [&](auto& handle, int k, const char* phase, int s) {
+    message m = ch.wait(handle);
+    const auto u = static_cast<std::size_t>(k);
+    const std::string where = ring_where(who, self, k, m.source, phase, s);
+    payload p;
+    ring_timed(st.combine_seconds, [&] {
+      // A linear codec's sum has the shape of one payload (eq. 4): the body
+      // can be no larger than this rank's own payload of the segment.
+      p = ring_parse<payload>(m, bounds[u + 1] - bounds[u], body[u], where);
+      seg::check(p, bounds[u], where);
+    });
+    return std::pair<message, payload>(std::move(m), std::move(p));
+  };
+
+  // Line 3: compress segment r and send it.
+  encode_own(ring.reduce_scatter_send(0));
+  ch.send(tag_rs, ch.serialize(own));
+  // Lines 4-8: the segment of step s is compressed before its predecessor's
+  // sum is waited for, so compression overlaps the transfer (Fig. 2b); the
+  // two are summed in the compressed domain (eq. 4) and forwarded.
+  encode_own(ring.reduce_scatter_recv(0));
+  payload owned;
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.reduce_scatter_recv(s);
+    auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
+    payload& in = got.second;
+    ring_timed(st.combine_seconds, [&] { codec.accumulate(in, own); });
+    if (s + 1 < steps) {
+      ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));  // the sum has the received size
+      encode_own(ring.reduce_scatter_recv(s + 1));  // while the sum just sent and the next one travel
+    } else {
+      owned = std::move(in);  // line 9: the complete compressed segment r+1
+    }
+  }
+  // Lines 10-13.
+  ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
+  st.seconds = ring_seconds_since(started);
+  return st;
+}
+
+}  // namespace detail
+
+/// Algorithm 1 of seed 002: the pipelined ring all-reduce in the compressed
+/// domain of a LinearCodec, in place on `data` (every rank passes the same
+/// length and an identically configured codec: same basis).
+///
+/// The vector is cut into N segments by ring_segmentation<C> (GradiVeQ: on
+/// slice boundaries, segment_bounds(N)). Reduce-scatter (lines 3-8): rank r
+/// compresses segment r (eq. 3) and sends it; at step s it compresses its
+/// segment r-s-1 *before* waiting for its predecessor's compressed partial
+/// sum of that segment, adds the two with codec.accumulate (eq. 4) and sends
+/// the sum on. All-gather (lines 10-13): the N complete compressed segments
+/// go round the ring as serialized (forwarded byte for byte); every rank
+/// decompresses each (eq. 5) while the next one is on the wire. With
+/// options.average the decoded values are divided by N.
+///
+/// Result: data = decode(sum over ranks of encode(segment)), segment by
+/// segment; bit-identical on every rank (all decode the same bytes).
+/// For GradiVeQ the codec's summands() must equal N (invalid_argument_error).
+/// `on_encode(segment j, std::span<const float> local segment, const payload&)`
+/// is called after each of this rank's N own encodes (e.g. GradiVeQ's eq. 7
+/// local_loss). Messages are wire payloads; a received one is parsed with
+/// limits derived from its segment (element count exactly the segment's,
+/// body at most this rank's own payload of that segment, which for a linear
+/// codec has the aggregate's shape): bad bytes throw wire::wire_error, a wrong
+/// length or offset size_mismatch_error, a codec mismatch the codec's error
+/// (GradiVeQ: fingerprint_mismatch_error), transport failures transport_error /
+/// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
+/// N = 1: data = decode(encode(data)). `codec` may be const when its encode
+/// (or encode_segment) is const, as GradiVeQ's is.
+template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
+  requires LinearCodec<std::remove_const_t<C>>
+ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},
+                                 OnEncode&& on_encode = {}) {
+  return detail::ring_linear_impl<Policy>(t, codec, data, options, on_encode);
+}
+
+/// ring_allreduce_linear with the generic (execution::seq) kernels.
+template <Transport T, class C, class OnEncode = ring_no_observer>
+  requires LinearCodec<std::remove_const_t<C>>
+ring_stats ring_allreduce_linear(T& t, C& codec, std::span<float> data, const ring_options& options = {},
+                                 OnEncode&& on_encode = {}) {
+  return detail::ring_linear_impl<execution::seq>(t, codec, data, options, on_encode);
+}
+
+}  // namespace gradcomp
