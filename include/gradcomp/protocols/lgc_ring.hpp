@@ -101,6 +101,7 @@ class lgc_ring_node {
     ring_options ro;
     ro.average = true;
     ro.tag_base = tag + 4;
+    ro.tag_owner = tags::lgc;  // the ring runs inside LGC's own tag range
 
     if (ph == lgc_phase::full) {
       buffer_.clear();
