@@ -108,14 +108,14 @@ struct measurement {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradcomp::mpi_environment env(&argc, &argv);
+  gradcomp::transport::mpi_environment env(&argc, &argv);
   std::size_t length = std::size_t(11) << 20;
   int repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--elements")) length = std::strtoull(argv[i + 1], nullptr, 10);
     else if (!std::strcmp(argv[i], "--repeats")) repeats = std::max(1, std::atoi(argv[i + 1]));
   }
-  gradcomp::mpi_transport t(MPI_COMM_WORLD);
+  gradcomp::transport::mpi_transport t(MPI_COMM_WORLD);
   const int rank = t.rank(), n = t.size();
   const char* rate_env = std::getenv("GRADCOMP_NETNS_RATE");
   const std::string rate_name = rate_env ? rate_env : "";

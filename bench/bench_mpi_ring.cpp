@@ -38,16 +38,16 @@ double collective_seconds(int repeats, F&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradcomp::mpi_environment env(&argc, &argv);
+  gradcomp::transport::mpi_environment env(&argc, &argv);
   int max_mb = 256, repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--max-mb")) max_mb = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
   }
-  gradcomp::mpi_transport transport(MPI_COMM_WORLD);
+  gradcomp::transport::mpi_transport transport(MPI_COMM_WORLD);
   const int rank = transport.rank(), size = transport.size();
   if (rank == 0)
-    std::printf("ring all-reduce over mpi_transport vs MPI_Allreduce, %d ranks, best of %d\n"
+    std::printf("ring all-reduce over transport::mpi_transport vs MPI_Allreduce, %d ranks, best of %d\n"
                 "%10s %14s %14s %12s\n",
                 size, repeats, "size", "ring (ms)", "allreduce (ms)", "ring/allred");
   double ratio_64mb = -1;

@@ -480,17 +480,17 @@ run_result run_mpi(const run_context& ctx, const run_context& dgs_ctx) {
     // The others wait without spinning (MPI_Barrier busy-polls and would
     // take the cores from process 0): a transport barrier, whose waits poll
     // with a sleeping back-off while a timeout is set.
-    gradcomp::mpi_transport_options patient;
+    gradcomp::transport::mpi_transport_options patient;
     patient.timeout = std::chrono::hours(24);
-    gradcomp::mpi_transport idle(MPI_COMM_WORLD, patient);
+    gradcomp::transport::mpi_transport idle(MPI_COMM_WORLD, patient);
     if (world_rank == 0) report.result = run_inproc(ctx);
     counted_transport ctl(idle);
     barrier(ctl, tag_barrier);
     return report.result;
   }
-  gradcomp::mpi_transport_options mo;
+  gradcomp::transport::mpi_transport_options mo;
   mo.timeout = std::chrono::minutes(10);
-  gradcomp::mpi_transport mt(MPI_COMM_WORLD, mo);
+  gradcomp::transport::mpi_transport mt(MPI_COMM_WORLD, mo);
   counted_transport data_world(mt);
   if (!uses_parameter_server(ctx.config)) {
     counted_transport ctl(mt);
@@ -498,7 +498,7 @@ run_result run_mpi(const run_context& ctx, const run_context& dgs_ctx) {
     return report.result;
   }
   const int w = mt.size();
-  rotated_view<gradcomp::mpi_transport> ps(mt, w - 1);  // logical 0 (server) = process w-1
+  rotated_view<gradcomp::transport::mpi_transport> ps(mt, w - 1);  // logical 0 (server) = process w-1
   counted_transport data(ps);
   if (ps.rank() == 0) {
     const std::string summary = run_dgs_server(data, *dgs_ctx.options, dgs_ctx.layers, dgs_ctx.initial, dgs_ctx.total_steps);
@@ -508,7 +508,7 @@ run_result run_mpi(const run_context& ctx, const run_context& dgs_ctx) {
     ps.isend(1, tag_final + 1, std::move(b)).wait();
     return {};
   }
-  rank_offset_view<rotated_view<gradcomp::mpi_transport>> workers(ps, 1, w - 1);
+  rank_offset_view<rotated_view<gradcomp::transport::mpi_transport>> workers(ps, 1, w - 1);
   counted_transport ctl(workers);
   worker_main(dgs_ctx, data, ctl, world_rank == 0 ? &report : nullptr);
   if (world_rank == 0) {
@@ -551,7 +551,7 @@ int real_main(int argc, char** argv) {
   int world_rank = 0, world_size = 1;
   bool mpi_mode = false;
 #if defined(GRADCOMP_HAS_MPI)
-  std::optional<gradcomp::mpi_environment> mpi_env;
+  std::optional<gradcomp::transport::mpi_environment> mpi_env;
   if (launched_by_mpirun()) {
     mpi_env.emplace(&argc, &argv, MPI_THREAD_SERIALIZED);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);

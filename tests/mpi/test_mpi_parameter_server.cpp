@@ -49,7 +49,7 @@ const layer_partition layers3({37, 200, 5});
 }  // namespace
 
 TEST_CASE("mpi sync PS with the dense codec: every worker receives the exact average") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int N = t.size() - 1, rounds = 5;
   bool ok = true;
   if (t.rank() == 0) {
@@ -82,7 +82,7 @@ TEST_CASE("mpi sync PS with the dense codec: every worker receives the exact ave
 }
 
 TEST_CASE("mpi async DGS server, deterministic schedule: bit for bit the simulation, a garbage push rejected") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int N = t.size() - 1;
   const float lr = 0.05f;
   const auto theta0 = make_theta0(layers3.total(), 1);
@@ -153,7 +153,7 @@ TEST_CASE("mpi async DGS server, deterministic schedule: bit for bit the simulat
 }
 
 TEST_CASE("mpi async server, free-running: nothing lost, and a final pull gives every worker the server's model") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int N = t.size() - 1, steps = 20;
   const auto theta0 = dyadic_theta0(layers3.total());
   async_ps_options opt;
@@ -220,7 +220,7 @@ TEST_CASE("mpi async server, free-running: nothing lost, and a final pull gives 
 }
 
 TEST_CASE("mpi PS: a communicator of the wrong size is a typed error") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int N = t.size() - 1;
   if (t.rank() == 0) {
     sync_ps_server<dense_codec<>> sync_server(layers3, N + 1, asgd_rule<>{});
@@ -236,7 +236,7 @@ TEST_CASE("mpi PS: a communicator of the wrong size is a typed error") {
 }
 
 TEST_CASE("mpi sync PS: a rejected push (codec mismatch) is an error on its worker only; a layout mismatch a layout_error") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int N = t.size() - 1;
   bool ok = true;
   // Round 0: worker 0 pushes dense layers to a server that expects sparse

@@ -98,8 +98,8 @@ vec ring_order_sum(const std::vector<vec>& x, bool average) {
   return out;
 }
 
-mpi_transport_options with_timeout(std::chrono::milliseconds t) {
-  mpi_transport_options o;
+transport::mpi_transport_options with_timeout(std::chrono::milliseconds t) {
+  transport::mpi_transport_options o;
   o.timeout = t;
   return o;
 }
@@ -110,7 +110,7 @@ struct stopped {};
 // Forwards to an mpi_transport and "dies" (throws stopped) at the send after
 // `sends_before_death` sends: the rank stops participating mid-ring.
 struct stopping_transport {
-  mpi_transport* t;
+  transport::mpi_transport* t;
   int sends_before_death;
   int sent = 0;
   int rank() const { return t->rank(); }
@@ -118,16 +118,16 @@ struct stopping_transport {
   void count() {
     if (sent++ >= sends_before_death) throw stopped{};
   }
-  mpi_transport::send_handle isend(int dest, int tag, std::vector<std::byte>&& b) {
+  transport::mpi_transport::send_handle isend(int dest, int tag, std::vector<std::byte>&& b) {
     count();
     return t->isend(dest, tag, std::move(b));
   }
-  mpi_transport::recv_handle irecv(int source, int tag) { return t->irecv(source, tag); }
-  mpi_transport::send_handle isend_view(int dest, int tag, std::span<const std::byte> b) {
+  transport::mpi_transport::recv_handle irecv(int source, int tag) { return t->irecv(source, tag); }
+  transport::mpi_transport::send_handle isend_view(int dest, int tag, std::span<const std::byte> b) {
     count();
     return t->isend_view(dest, tag, b);
   }
-  mpi_transport::recv_into_handle irecv_into(int source, int tag, std::span<std::byte> b) {
+  transport::mpi_transport::recv_into_handle irecv_into(int source, int tag, std::span<std::byte> b) {
     return t->irecv_into(source, tag, b);
   }
 };
@@ -139,7 +139,7 @@ static_assert(ZeroCopyTransport<stopping_transport>);
 // Plain ring
 
 TEST_CASE("mpi plain ring: integer-valued inputs give the exact sum on every rank, all lengths") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(n - 1), std::size_t(n + 1), std::size_t(1001),
                           std::size_t(1) << 20}) {
@@ -156,7 +156,7 @@ TEST_CASE("mpi plain ring: integer-valued inputs give the exact sum on every ran
 }
 
 TEST_CASE("mpi plain ring: random floats, bit-identical on every rank and equal to the ring's summation order") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t len :
        {std::size_t(0), std::size_t(1), std::size_t(n - 1), std::size_t(n + 1), std::size_t(1001), std::size_t(65537)})
@@ -172,7 +172,7 @@ TEST_CASE("mpi plain ring: random floats, bit-identical on every rank and equal 
 }
 
 TEST_CASE("mpi plain ring: the simd kernels and other tags give the same bits; consecutive calls reuse tags") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   const auto all = inputs(n, 4099, 5, 10.0f);
   vec a = all[std::size_t(r)], b = a;
@@ -191,7 +191,7 @@ TEST_CASE("mpi plain ring: the simd kernels and other tags give the same bits; c
 // Compressed forms
 
 TEST_CASE("mpi linear ring (Algorithm 1): GradiVeQ gives the same bits on every rank, close to decode(sum of encodes)") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t tail : {std::size_t(0), std::size_t(5)}) {
     CAPTURE(tail);
@@ -225,7 +225,7 @@ TEST_CASE("mpi linear ring (Algorithm 1): GradiVeQ gives the same bits on every 
 }
 
 TEST_CASE("mpi linear ring: dense_codec equals the plain ring bit for bit") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(1001)}) {
     CAPTURE(len);
@@ -239,7 +239,7 @@ TEST_CASE("mpi linear ring: dense_codec equals the plain ring bit for bit") {
 }
 
 TEST_CASE("mpi re-encode ring: QSGD and two-bit give the same bits on every rank, close to the sum") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t len : {std::size_t(n + 1), std::size_t(1001)}) {
     CAPTURE(len);
@@ -270,7 +270,7 @@ TEST_CASE("mpi re-encode ring: QSGD and two-bit give the same bits on every rank
 }
 
 TEST_CASE("mpi all-gather: the sparsifier gives the same bits on every rank; exact at 100%, bounded at 10%") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();
   for (std::size_t len : {std::size_t(n - 1), std::size_t(1001)}) {
     if (len == 0) continue;
@@ -301,13 +301,17 @@ TEST_CASE("mpi all-gather: the sparsifier gives the same bits on every rank; exa
 // Messages stay small (below every BTL's eager limit), so a send to a rank
 // that never receives it completes locally and unwinding never blocks.
 
-TEST_CASE("mpi ring: ranks that disagree on the length get a typed error, not a hang") {
+// Under SimGrid's SMPI these two fault tests are skipped: they test the real
+// MPI library's behaviour when ranks leave a collective (eager sends that
+// complete locally, messages nobody receives); SMPI instead aborts the
+// simulation on a truncated receive or a send to a finished rank.
+TEST_CASE("mpi ring: ranks that disagree on the length get a typed error, not a hang" * doctest::skip(gradcomp::transport::mpi_simulated)) {
   const int r = world_rank();
   for (int longer : {0, 1})
     for (int form = 0; form < 3; ++form) {
       CAPTURE(longer);
       CAPTURE(form);
-      mpi_transport t(MPI_COMM_WORLD, with_timeout(1000ms));
+      transport::mpi_transport t(MPI_COMM_WORLD, with_timeout(1000ms));
       const std::size_t len = r == 1 ? (longer ? 27 : 17) : 22;
       vec x(len, 1.0f);
       const auto t0 = std::chrono::steady_clock::now();
@@ -341,7 +345,7 @@ TEST_CASE("mpi ring: ranks that disagree on the length get a typed error, not a 
     }
 }
 
-TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeout_error") {
+TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeout_error" * doctest::skip(gradcomp::transport::mpi_simulated)) {
   const int n = world_size(), r = world_rank();
   const int dead = n - 1;
   // 0 sends: dead before the ring starts; 1: after its first reduce-scatter
@@ -350,7 +354,7 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
     for (int form = 0; form < 3; ++form) {
       CAPTURE(sends);
       CAPTURE(form);
-      mpi_transport t(MPI_COMM_WORLD, with_timeout(600ms));
+      transport::mpi_transport t(MPI_COMM_WORLD, with_timeout(600ms));
       // The all-gather form forwards whole payloads: a rank that dies after
       // sending some of them may leave a survivor with everything it needs,
       // so there it dies before its first send.
@@ -388,7 +392,7 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
 }
 
 TEST_CASE("mpi ring: bad tags are typed errors before any message") {
-  mpi_transport t(MPI_COMM_WORLD);
+  transport::mpi_transport t(MPI_COMM_WORLD);
   vec x(10, 1.0f);
   CHECK_THROWS_AS(ring_allreduce(t, std::span<float>(x), {.tag_base = -1}), invalid_argument_error);
   dense_codec<> c;
