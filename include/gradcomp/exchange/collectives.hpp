@@ -1,0 +1,91 @@
+#pragma once
+/// \file exchange/collectives.hpp
+/// The collectives the exchange runs its rounds with over gradcomp's own
+/// transports: the sum of a float buffer on the ring driver
+/// (ring_allreduce: bit-identical on every rank), an all-gather of byte
+/// payloads (a ring of N - 1 forwarding steps, every rank ends with every
+/// payload in rank order) and the max of a small float buffer (an
+/// all-gather of it, then the element-wise max in rank order).
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+
+namespace gradcomp::exchange {
+
+/// What one rank's collectives did (accumulated over a step).
+struct wire_counters {
+  std::size_t bytes_sent = 0;
+  std::size_t messages_sent = 0;
+  double wire_seconds = 0.0;  ///< time inside collectives (moving data, the ring's additions, waiting)
+  double wait_seconds = 0.0;  ///< of which blocked on receives, where the collective can tell (all-gathers)
+};
+
+/// Sums `data` in place across the ranks of `t` with the ring driver (tags
+/// tag_base and tag_base + 1). Counts the bytes and messages the ring sends.
+template <ExecutionPolicy Policy, Transport T>
+void sum_round(T& t, std::span<float> data, int tag_base, wire_counters& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ring_allreduce(Policy{}, t, data, ring_options{.average = false, .tag_base = tag_base});
+  const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
+  for (int s = 0; s < ring.steps(); ++s)
+    c.bytes_sent += sizeof(float) * (ring.size(ring.reduce_scatter_send(s)) + ring.size(ring.all_gather_send(s)));
+  c.messages_sent += 2 * static_cast<std::size_t>(ring.steps());
+  c.wire_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Every rank's `mine` to every rank, in rank order (a ring: at step s a rank
+/// forwards what it received at step s - 1). Uses tag `tag`.
+template <Transport T>
+std::vector<std::vector<std::byte>> all_gather_round(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  std::vector<std::vector<std::byte>> all(static_cast<std::size_t>(n));
+  all[static_cast<std::size_t>(r)] = std::move(mine);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (int s = 0; s + 1 < n; ++s) {
+    const int send_block = ((r - s) % n + n) % n, recv_block = ((r - s - 1) % n + n) % n;
+    auto rh = t.irecv(prev, tag);
+    const auto& out = all[static_cast<std::size_t>(send_block)];
+    c.bytes_sent += out.size();
+    ++c.messages_sent;
+    auto sh = t.isend(next, tag, std::vector<std::byte>(out));
+    const auto w0 = clock::now();
+    message m = rh.wait();
+    sh.wait();
+    c.wait_seconds += std::chrono::duration<double>(clock::now() - w0).count();
+    all[static_cast<std::size_t>(recv_block)] = std::move(m.bytes);
+  }
+  c.wire_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  return all;
+}
+
+/// The element-wise max of `data` across the ranks, in place (an all-gather
+/// of the buffer; meant for small buffers: agreed scales, flags).
+template <Transport T>
+void max_round(T& t, std::span<float> data, int tag, wire_counters& c) {
+  std::vector<std::byte> mine(data.size() * sizeof(float));
+  if (!data.empty()) std::memcpy(mine.data(), data.data(), mine.size());
+  const auto all = all_gather_round(t, std::move(mine), tag, c);
+  std::vector<float> one(data.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != data.size() * sizeof(float))
+      throw transport_error("exchange max round: rank " + std::to_string(r) + " sent " +
+                            std::to_string(all[r].size()) + " bytes, expected " +
+                            std::to_string(data.size() * sizeof(float)));
+    if (!one.empty()) std::memcpy(one.data(), all[r].data(), all[r].size());
+    for (std::size_t i = 0; i < one.size(); ++i) data[i] = r == 0 ? one[i] : std::max(data[i], one[i]);
+  }
+}
+
+}  // namespace gradcomp::exchange
