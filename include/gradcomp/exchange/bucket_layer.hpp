@@ -339,6 +339,12 @@ class bucket_layer {
       for (auto i : b.layers) lengths.push_back(plan_.model()[i].shape.size());
       auto layer_of = [&b](std::size_t j) { return b.layers[j]; };
       switch (b.kind) {
+        case codec_kind::custom: {
+          auto c = o.custom_factory(plan_, b, rank_, ranks_);
+          if (!c) throw invalid_argument_error("exchange: plan_options::custom_factory returned no bucket codec");
+          out.push_back(std::move(c));
+          break;
+        }
         case codec_kind::dense: out.push_back(std::make_unique<dense_bucket>(lengths)); break;
         case codec_kind::gradiveq: {
           auto g = std::make_unique<gradiveq_bucket<Policy>>(plan_, b, rank_, ranks_, *life);

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +67,7 @@ enum class codec_kind : std::uint8_t {
   two_bit = 2,   ///< two-bit quantizer with residual (seed 003): all-gather round
   qsgd = 3,      ///< QSGD (4 bits by default): all-gather round
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
+  custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
 };
 
 /// A readable name of a codec kind.
@@ -75,6 +78,7 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::two_bit: return "two_bit";
     case codec_kind::qsgd: return "qsgd";
     case codec_kind::top_k: return "top_k";
+    case codec_kind::custom: return "custom";
   }
   return "unknown";
 }
@@ -89,6 +93,22 @@ struct plan_rules {
   std::size_t small_below = 4096;
   codec_kind fallback = codec_kind::dense;
 };
+
+/// One bucket: layers of one codec, in model order.
+struct bucket_desc {
+  codec_kind kind = codec_kind::dense;
+  std::vector<std::size_t> layers;  ///< indices into the model
+  std::size_t elements = 0;         ///< sum of the layers' lengths
+};
+
+class bucket_codec;
+class plan;
+
+/// Makes the bucket codec of a `codec_kind::custom` bucket on one rank (a
+/// codec of another piece, a user's): (plan, bucket, rank, ranks). Wrap a
+/// BucketCodec with bucket_codec_model (exchange/bucket_codecs.hpp).
+using custom_bucket_factory =
+    std::function<std::unique_ptr<bucket_codec>(const plan&, const bucket_desc&, int rank, int ranks)>;
 
 /// Everything a plan fixes: rules, bucket size and every codec's options.
 struct plan_options {
@@ -106,14 +126,12 @@ struct plan_options {
   std::uint64_t seed = 0;                              ///< mixed into every rounding stream
   /// The exchange returns the mean over ranks (true) or the sum.
   bool average = true;
+  /// The codec of `codec_kind::custom` layers, and its name (part of the
+  /// plan's fingerprint: give another name to another custom codec or option).
+  custom_bucket_factory custom_factory;
+  std::string custom_name;
 };
 
-/// One bucket: layers of one codec, in model order.
-struct bucket_desc {
-  codec_kind kind = codec_kind::dense;
-  std::vector<std::size_t> layers;  ///< indices into the model
-  std::size_t elements = 0;         ///< sum of the layers' lengths
-};
 
 /// The codec of every layer and the buckets. Identical on every rank for the
 /// same model and options; fingerprint() hashes all of it (checkpoints).
@@ -129,6 +147,8 @@ class plan {
     }
     kinds_.reserve(model_.size());
     for (const auto& l : model_.layers()) kinds_.push_back(choose(l));
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::custom) != kinds_.end() && !opt_.custom_factory)
+      throw invalid_argument_error("exchange::plan: custom layers need plan_options::custom_factory");
     make_buckets();
     fingerprint_ = compute_fingerprint();
   }
@@ -158,7 +178,7 @@ class plan {
   // open bucket of its kind while the bucket stays within bucket_bytes.
   void make_buckets() {
     const std::size_t cap = opt_.bucket_bytes / sizeof(float);
-    std::vector<std::ptrdiff_t> open(5, -1);
+    std::vector<std::ptrdiff_t> open(6, -1);
     for (std::size_t i = 0; i < model_.size(); ++i) {
       const auto k = static_cast<std::size_t>(kinds_[i]);
       const std::size_t n = model_[i].shape.size();
@@ -225,6 +245,8 @@ class plan {
     w.put<float>(opt_.top_k.momentum);
     w.put<std::uint64_t>(opt_.seed);
     w.put<std::uint8_t>(opt_.average ? 1 : 0);
+    w.put<std::uint64_t>(opt_.custom_name.size());
+    w.put_bytes(std::as_bytes(std::span<const char>(opt_.custom_name.data(), opt_.custom_name.size())));
     return wire::crc32c(0, bytes);
   }
 
