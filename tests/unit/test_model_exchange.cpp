@@ -260,6 +260,55 @@ TEST_CASE("model_exchange: a non-finite gradient on one rank is agreed in the sa
   }
 }
 
+TEST_CASE("model_exchange: a codec error and an overflowing sum are agreed; a layout mismatch always throws") {
+  const int n = 2;
+  const auto m = small_model();
+  SUBCASE("codec error: QSGD refuses a bucket whose norm overflows float") {
+    std::vector<int> ok(n, 0);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, gx::plan(m, short_options(gx::codec_kind::qsgd)));
+      auto g0 = gradients(m, ep.rank(), 0);
+      ex.step(spans(g0));
+      const auto before = ex.save_state();
+      auto g = gradients(m, ep.rank(), 1);
+      if (ep.rank() == 1) g[3][0] = g[3][1] = 3.0e38f;  // finite, but the bucket's L2 norm overflows
+      const auto& st = ex.step(spans(g));
+      ok[std::size_t(ep.rank())] = st.skipped && st.failures.size() == 1 && st.failures[0].rank == 1 &&
+                                   st.failures[0].reason == gx::failure_reason::codec_error &&
+                                   ex.save_state() == before && (ep.rank() == 1) == !st.local_detail.empty();
+    });
+    for (int r = 0; r < n; ++r) CHECK(ok[std::size_t(r)] == 1);
+  }
+  SUBCASE("a sum that overflows to Inf is seen by every rank alike") {
+    std::vector<int> ok(n, 0);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, gx::plan(m, short_options()));
+      auto g = gradients(m, ep.rank(), 0);
+      g[1][2] = 3.0e38f;  // conv1.bias, dense: 3e38 + 3e38 = Inf
+      const auto copy = g;
+      const auto& st = ex.step(spans(g));
+      ok[std::size_t(ep.rank())] = st.skipped && st.failures.size() == 1 && st.failures[0].rank == -1 &&
+                                   st.failures[0].reason == gx::failure_reason::non_finite_sum && g == copy &&
+                                   ex.steps() == 0;
+    });
+    for (int r = 0; r < n; ++r) CHECK(ok[std::size_t(r)] == 1);
+  }
+  SUBCASE("gradients of the wrong length on one rank: every rank throws, even under the skip policy") {
+    std::vector<int> thrown(n, 0);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, gx::plan(m, short_options()));
+      auto g = gradients(m, ep.rank(), 0);
+      if (ep.rank() == 0) g[4].pop_back();
+      try {
+        ex.step(spans(g));
+      } catch (const gx::exchange_failure_error& e) {
+        thrown[std::size_t(ep.rank())] = e.reason() == gx::failure_reason::layout_mismatch && e.rank() == 0;
+      }
+    });
+    for (int r = 0; r < n; ++r) CHECK(thrown[std::size_t(r)] == 1);
+  }
+}
+
 TEST_CASE("model_exchange: a dead rank makes the others fail with a typed error, not a hang") {
   const int n = 3;
   const auto m = small_model();

@@ -15,6 +15,7 @@
 ///     }
 ///     step_report rep = layer.finish_step(gradients);   // rep.skipped: do not apply
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -57,6 +58,7 @@ struct pending_round {
 struct step_report {
   bool skipped = false;
   std::vector<rank_failure> failures;  ///< every failed rank (and rank -1 for a non-finite sum)
+  std::string local_detail;            ///< this rank's own failure, in its words (empty on healthy ranks)
   std::size_t stale_votes = 0;         ///< eq. 7 votes of this step
   std::uint64_t step = 0;              ///< completed steps after this one
   std::vector<std::size_t> layer_bytes;   ///< per layer: payload or buffer bytes this rank contributed
@@ -105,6 +107,7 @@ class bucket_layer {
     prepared_.assign(buckets_.size(), false);
     cursor_ = {0, 0};
     local_ = {};
+    local_message_.clear();
     life_->loss = {};
     const step_context ctx{rank_, ranks_, step_};
     for (auto& b : buckets_) b->begin(ctx);
@@ -393,7 +396,10 @@ class bucket_layer {
         return {rank_, failure_reason::layout_mismatch, static_cast<std::ptrdiff_t>(i)};
       }
     for (std::size_t i = 0; i < m.size(); ++i)
-      if (find_non_finite(Policy{}, g[i]) != g[i].size()) return {rank_, failure_reason::non_finite_gradient, std::ptrdiff_t(i)};
+      if (const auto bad = find_non_finite(Policy{}, g[i]); bad != g[i].size()) {
+        local_message_ = "layer '" + m[i].name + "': non-finite value at index " + std::to_string(bad);
+        return {rank_, failure_reason::non_finite_gradient, std::ptrdiff_t(i)};
+      }
     if (request_skip) return {rank_, failure_reason::requested, -1};
     return {};
   }
@@ -445,7 +451,10 @@ class bucket_layer {
           return false;
         }
     if (failures.empty()) return true;
-    fail(std::move(failures), "");
+    // Gradients laid out for another model are a bug, not a step to skip.
+    const bool layout = std::any_of(failures.begin(), failures.end(),
+                                    [](const rank_failure& f) { return f.reason == failure_reason::layout_mismatch; });
+    fail(std::move(failures), "", layout);
     return false;
   }
 
@@ -456,6 +465,7 @@ class bucket_layer {
     gathered_.clear();
     report_.skipped = true;
     report_.failures = failures;
+    report_.local_detail = local_message_;
     if (opt_.on_failure == failure_policy::throw_error || always_throw) {
       state_ = state::idle;
       std::string what = "exchange step " + std::to_string(step_) + " failed: ";

@@ -97,9 +97,9 @@ struct rank_failure {
   std::ptrdiff_t layer = -1;  ///< index of the layer that failed, -1 when not tied to a layer
 };
 
-/// Thrown identically on every rank when a step fails under the throw policy
-/// (or for reasons no policy may skip: state disagreement, non-finite sum
-/// under the throw policy). Names the first failed rank, its reason and layer.
+/// Thrown identically on every rank when a step fails under the throw policy,
+/// or for reasons no policy may skip (ranks whose states disagree, gradients
+/// laid out for another model). Names the first failed rank, its reason and layer.
 class exchange_failure_error : public error {
  public:
   exchange_failure_error(const std::string& what, std::vector<rank_failure> failures)
