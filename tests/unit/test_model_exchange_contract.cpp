@@ -154,6 +154,47 @@ TEST_CASE("contract: a failure is agreed through a max round, and the custom sta
   for (int r = 0; r < n; ++r) CHECK(ok[std::size_t(r)] == 1);
 }
 
+/// Another schedule plugs in as a RoundCollectives type: here gradcomp's ring, counting its calls.
+struct counting_collectives {
+  int* sums;
+  int* maxes;
+  int* gathers;
+  gx::ring_collectives<> ring;
+  template <class T>
+  void sum(T& t, std::span<float> d, int tag, gx::wire_counters& c) {
+    ++*sums;
+    ring.sum(t, d, tag, c);
+  }
+  template <class T>
+  void max(T& t, std::span<float> d, int tag, gx::wire_counters& c) {
+    ++*maxes;
+    ring.max(t, d, tag, c);
+  }
+  template <class T>
+  std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> b, int tag, gx::wire_counters& c) {
+    ++*gathers;
+    return ring.all_gather(t, std::move(b), tag, c);
+  }
+};
+
+TEST_CASE("contract: the exchange's collectives are a plug-in point") {
+  const auto plan = custom_plan();
+  std::vector<int> sums(2, 0), maxes(2, 0), gathers(2, 0);
+  gradcomp::transport::run_workers(2, [&](inproc_endpoint& ep) {
+    const auto r = std::size_t(ep.rank());
+    gx::model_exchange<inproc_endpoint, gradcomp::execution::seq, counting_collectives> ex(
+        ep, plan, {}, counting_collectives{&sums[r], &maxes[r], &gathers[r], {}});
+    auto g = gradients(plan.model(), ep.rank(), 0);
+    std::vector<std::span<float>> s(g.begin(), g.end());
+    CHECK_FALSE(ex.step(s).skipped);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(sums[std::size_t(r)] == 2);  // the custom bucket's sum round and the dense bucket's
+    CHECK(maxes[std::size_t(r)] == 1);
+    CHECK(gathers[std::size_t(r)] == 0);
+  }
+}
+
 TEST_CASE("contract: custom layers without a factory are refused") {
   gx::model_description m;
   m.add_dense("a", 100);

@@ -88,4 +88,32 @@ void max_round(T& t, std::span<float> data, int tag, wire_counters& c) {
   }
 }
 
+/// The collectives a model_exchange runs its rounds with (the plug-in point of
+/// other schedules: Rabenseifner, hierarchical rings, the MPI library's own
+/// all-reduce). Every rank must end with the same bits.
+template <class R, class T>
+concept RoundCollectives = requires(R& r, T& t, std::span<float> buf, std::vector<std::byte> bytes, int tag,
+                                    wire_counters& c) {
+  { r.sum(t, buf, tag, c) } -> std::same_as<void>;
+  { r.max(t, buf, tag, c) } -> std::same_as<void>;
+  { r.all_gather(t, std::move(bytes), tag, c) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+};
+
+/// gradcomp's ring collectives (the default): sum_round, max_round, all_gather_round.
+template <ExecutionPolicy Policy = execution::seq>
+struct ring_collectives {
+  template <Transport T>
+  void sum(T& t, std::span<float> data, int tag, wire_counters& c) {
+    sum_round<Policy>(t, data, tag, c);
+  }
+  template <Transport T>
+  void max(T& t, std::span<float> data, int tag, wire_counters& c) {
+    max_round(t, data, tag, c);
+  }
+  template <Transport T>
+  std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {
+    return all_gather_round(t, std::move(mine), tag, c);
+  }
+};
+
 }  // namespace gradcomp::exchange

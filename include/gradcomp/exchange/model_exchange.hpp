@@ -5,6 +5,7 @@
 /// exchange/collectives.hpp (sums on the ring driver, all-gathers and max
 /// rounds as rings of payloads) and adds the wire to the statistics.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -32,13 +33,17 @@ struct step_stats : step_report {
   std::vector<std::pair<std::string, std::size_t>> phase_bytes;
 };
 
-/// The whole-model exchange over a Transport (docs/exchange.md).
-template <Transport T, ExecutionPolicy Policy = execution::seq>
+/// The whole-model exchange over a Transport (docs/exchange.md). Its rounds
+/// run on `Collectives` (gradcomp's ring by default; another schedule plugs
+/// in as any RoundCollectives type).
+template <Transport T, ExecutionPolicy Policy = execution::seq, class Collectives = ring_collectives<Policy>>
+  requires RoundCollectives<Collectives, T>
 class model_exchange {
  public:
-  model_exchange(T& transport, plan p, exchange_options options = {})
+  model_exchange(T& transport, plan p, exchange_options options = {}, Collectives collectives = {})
       : t_(&transport),
         opt_(options),
+        coll_(std::move(collectives)),
         layer_(std::move(p), static_cast<int>(transport.rank()), static_cast<int>(transport.size()),
                bucket_layer_options{options.on_failure}) {
     tags::check_tag_base(tags::exchange, opt_.tag_base, 3, "exchange::model_exchange");
@@ -55,10 +60,10 @@ class model_exchange {
     layer_.begin_step(in, request_skip);
     while (pending_round* r = layer_.next_round()) {
       switch (r->spec.op) {
-        case round_op::sum: sum_round<Policy>(*t_, r->buffer, opt_.tag_base, wc); layer_.complete_round(); break;
-        case round_op::max: max_round(*t_, r->buffer, opt_.tag_base + 2, wc); layer_.complete_round(); break;
+        case round_op::sum: coll_.sum(*t_, r->buffer, opt_.tag_base, wc); layer_.complete_round(); break;
+        case round_op::max: coll_.max(*t_, r->buffer, opt_.tag_base + 2, wc); layer_.complete_round(); break;
         case round_op::all_gather:
-          layer_.complete_round(all_gather_round(*t_, std::move(r->payload), opt_.tag_base + 2, wc));
+          layer_.complete_round(coll_.all_gather(*t_, std::move(r->payload), opt_.tag_base + 2, wc));
           break;
       }
     }
@@ -91,6 +96,7 @@ class model_exchange {
  private:
   T* t_;
   exchange_options opt_;
+  Collectives coll_;
   bucket_layer<Policy> layer_;
   step_stats stats_;
 };
