@@ -97,7 +97,8 @@ class bucket_layer {
 
   /// Starts a step: checks the gradients (one span per layer, model order),
   /// encodes every bucket; a local failure becomes this rank's flag. Set
-  /// `request_skip` to make every rank skip this step.
+  /// `request_skip` to make every rank skip this step. The gradients must stay
+  /// valid and unchanged until finish_step (they may be its output spans).
   void begin_step(std::span<const std::span<const float>> gradients, bool request_skip = false) {
     if (state_ != state::idle) throw state_error("exchange::bucket_layer::begin_step: a step is already running");
     const auto t0 = clock::now();
@@ -140,6 +141,7 @@ class bucket_layer {
   /// The next round, or nullptr when the step needs no more (then call finish_step).
   pending_round* next_round() {
     if (state_ != state::rounds) return nullptr;
+    while (cursor_.bucket < buckets_.size() && buckets_[cursor_.bucket]->rounds() == 0) ++cursor_.bucket;
     if (cursor_.bucket >= buckets_.size()) return nullptr;
     const auto t0 = clock::now();
     bucket_codec& b = *buckets_[cursor_.bucket];
