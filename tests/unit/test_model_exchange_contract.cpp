@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include <gradcomp/model_exchange.hpp>
@@ -202,4 +203,26 @@ TEST_CASE("contract: custom layers without a factory are refused") {
   o.rules.small_below = 0;
   o.rules.fallback = gx::codec_kind::custom;
   CHECK_THROWS_AS(gx::plan(m, o), gradcomp::invalid_argument_error);
+}
+
+TEST_CASE("statistics: the ring's sum rounds report their wait on the transport") {
+  static_assert(gradcomp::Transport<gx::wait_timing_transport<inproc_endpoint>>);
+  gx::model_description m;
+  m.add_dense("a", 1000).add_dense("b", 3000);
+  gx::plan_options o;
+  o.rules.small_below = 0;
+  const gx::plan plan(m, o);
+  std::vector<double> wait(3, -1.0), wire(3, -1.0);
+  gradcomp::transport::run_workers(3, [&](inproc_endpoint& ep) {
+    gx::model_exchange ex(ep, plan);
+    std::vector<std::vector<float>> g = {std::vector<float>(1000, 1.0f), std::vector<float>(3000, 2.0f)};
+    if (ep.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others wait for rank 0
+    std::vector<std::span<float>> s(g.begin(), g.end());
+    const auto& st = ex.step(s);
+    CHECK(g[1][7] == 2.0f);
+    wait[std::size_t(ep.rank())] = st.wire.wait_seconds;
+    wire[std::size_t(ep.rank())] = st.wire.wire_seconds;
+  });
+  for (int r = 0; r < 3; ++r) CHECK(wait[std::size_t(r)] <= wire[std::size_t(r)]);
+  CHECK(wait[1] > 0.02);  // rank 1 receives from rank 0, which started 50 ms late
 }

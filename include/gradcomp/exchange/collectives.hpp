@@ -13,6 +13,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,15 +28,65 @@ struct wire_counters {
   std::size_t bytes_sent = 0;
   std::size_t messages_sent = 0;
   double wire_seconds = 0.0;  ///< time inside collectives (moving data, the ring's additions, waiting)
-  double wait_seconds = 0.0;  ///< of which blocked on receives, where the collective can tell (all-gathers)
+  double wait_seconds = 0.0;  ///< of which blocked on the transport (receives, and sends not yet handed off)
+};
+
+/// A Transport decorator adding the time its callers spend blocked in the
+/// handles' wait() to a counter: the wait share of a driver that reports no
+/// statistics of its own (the plain ring). Zero-copy operations are forwarded
+/// when the wrapped transport has them.
+template <Transport T>
+class wait_timing_transport {
+ public:
+  wait_timing_transport(T& t, double& seconds) : t_(&t), seconds_(&seconds) {}
+  int rank() const { return static_cast<int>(t_->rank()); }
+  int size() const { return static_cast<int>(t_->size()); }
+
+  /// A handle whose wait() is timed.
+  template <class H>
+  struct timed_handle {
+    H h;
+    double* seconds;
+    auto wait() {
+      const auto t0 = std::chrono::steady_clock::now();
+      struct add {
+        double* s;
+        std::chrono::steady_clock::time_point t0;
+        ~add() { *s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+      } guard{seconds, t0};
+      return h.wait();
+    }
+    bool test() { return h.test(); }
+  };
+
+  auto isend(int peer, int tag, std::vector<std::byte>&& b) {
+    return timed_handle<decltype(t_->isend(peer, tag, std::move(b)))>{t_->isend(peer, tag, std::move(b)), seconds_};
+  }
+  auto irecv(int peer, int tag) { return timed_handle<decltype(t_->irecv(peer, tag))>{t_->irecv(peer, tag), seconds_}; }
+  auto isend_view(int peer, int tag, std::span<const std::byte> out)
+    requires ZeroCopyTransport<T>
+  {
+    return timed_handle<decltype(t_->isend_view(peer, tag, out))>{t_->isend_view(peer, tag, out), seconds_};
+  }
+  auto irecv_into(int peer, int tag, std::span<std::byte> in)
+    requires ZeroCopyTransport<T>
+  {
+    return timed_handle<decltype(t_->irecv_into(peer, tag, in))>{t_->irecv_into(peer, tag, in), seconds_};
+  }
+
+ private:
+  T* t_;
+  double* seconds_;
 };
 
 /// Sums `data` in place across the ranks of `t` with the ring driver (tags
-/// tag_base and tag_base + 1). Counts the bytes and messages the ring sends.
+/// tag_base and tag_base + 1). Counts the bytes and messages the ring sends,
+/// and the time it is blocked on the transport.
 template <ExecutionPolicy Policy, Transport T>
 void sum_round(T& t, std::span<float> data, int tag_base, wire_counters& c) {
   const auto t0 = std::chrono::steady_clock::now();
-  ring_allreduce(Policy{}, t, data, ring_options{.average = false, .tag_base = tag_base});
+  wait_timing_transport<T> timed(t, c.wait_seconds);
+  ring_allreduce(Policy{}, timed, data, ring_options{.average = false, .tag_base = tag_base});
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   for (int s = 0; s < ring.steps(); ++s)
     c.bytes_sent += sizeof(float) * (ring.size(ring.reduce_scatter_send(s)) + ring.size(ring.all_gather_send(s)));
