@@ -1,0 +1,236 @@
+#pragma once
+/// \file exchange/gradiveq_bucket.hpp
+/// GradiVeQ's whole lifecycle in a bucket (seed 002, Sec. 3 and Fig. 6): the
+/// conv flattening of Fig. 3a, warm-up steps summed dense, L_t sampling steps
+/// (QSGD-quantized and all-gathered, or summed dense) whose sums become the
+/// PCA samples, the fit with summands = N at the end of L_t, L_c compressed
+/// steps summed in the compressed domain (eq. 4) and decoded once (eq. 5),
+/// and the eq. 7 stale vote, which rides in the step's control block.
+/// One gradiveq_schedule is shared by every GradiVeQ bucket of a plan.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/exchange/bucket_codecs.hpp>
+#include <gradcomp/exchange/contract.hpp>
+#include <gradcomp/exchange/model.hpp>
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/layout.hpp>
+#include <gradcomp/qsgd.hpp>
+
+namespace gradcomp::exchange {
+
+/// The GradiVeQ state shared by a plan's GradiVeQ buckets: the schedule and
+/// this step's eq. 7 loss summed over every GradiVeQ layer of this rank.
+struct gradiveq_lifecycle {
+  gradiveq_schedule schedule;
+  local_loss_value loss;
+};
+
+/// The bucket codec of GradiVeQ layers (see the file comment).
+template <ExecutionPolicy Policy = execution::seq>
+class gradiveq_bucket final : public bucket_codec {
+ public:
+  using bucket_codec::absorb;
+  using bucket_codec::contribute;
+  gradiveq_bucket(const plan& p, const bucket_desc& b, int rank, int ranks, gradiveq_lifecycle& life) : life_(&life) {
+    gradiveq_options go = p.options().gradiveq;
+    go.summands = static_cast<std::size_t>(ranks);
+    for (std::size_t j = 0; j < b.layers.size(); ++j) {
+      const std::size_t layer = b.layers[j];
+      const layer_shape& s = p.model()[layer].shape;
+      shapes_.push_back(s);
+      codecs_.emplace_back(s, go);
+      qsgd_options q = p.options().qsgd;
+      q.bits = p.options().gradiveq_schedule.qsgd_bits;
+      q.levels = 0;
+      q.seed = mixed_seed(p.options().seed, q.seed, rank, 1000000 + layer);
+      samplers_.emplace_back(q);
+      total_ += s.size();
+    }
+    flat_.resize(codecs_.size());
+    for (std::size_t j = 0; j < codecs_.size(); ++j) flat_[j].resize(shapes_[j].size());
+    payloads_.resize(codecs_.size());
+    samples_.resize(codecs_.size());
+    bytes_.assign(codecs_.size(), 0);
+  }
+
+  void begin(const step_context& ctx) override {
+    ranks_ = ctx.ranks;
+    phase_ = life_->schedule.phase();
+    undo_.clear();
+    std::fill(bytes_.begin(), bytes_.end(), 0);
+    if (phase_ == gradiveq_phase::compressed) {
+      spec_ = {round_op::sum, buffer_element::float32, 0, after_reduce_check::finite};
+      for (const auto& c : codecs_) spec_.length += c.coefficient_count() + c.tail_length();
+    } else if (quantized_sampling()) {
+      spec_ = {round_op::all_gather, buffer_element::float32, 0, after_reduce_check::none};
+    } else {
+      spec_ = {round_op::sum, buffer_element::float32, total_, after_reduce_check::finite};
+    }
+  }
+
+  void prepare(const step_context&, std::span<const std::span<const float>> in) override {
+    for (std::size_t j = 0; j < codecs_.size(); ++j) flatten_gradiveq(shapes_[j], in[j], flat_[j]);
+    if (phase_ == gradiveq_phase::compressed) {
+      for (std::size_t j = 0; j < codecs_.size(); ++j) {
+        codecs_[j].encode(flat_[j], payloads_[j]);
+        const auto l = codecs_[j].local_loss(flat_[j], payloads_[j]);
+        life_->loss.loss += l.loss;
+        life_->loss.energy += l.energy;
+        bytes_[j] = 4 * (payloads_[j].coefficients.size() + payloads_[j].tail.size());
+      }
+    } else if (quantized_sampling()) {
+      for (auto& s : samplers_) undo_.push_back(s.save_state());
+      for (std::size_t j = 0; j < codecs_.size(); ++j) samplers_[j].encode(flat_[j], samples_[j]);
+    } else {
+      for (std::size_t j = 0; j < codecs_.size(); ++j) bytes_[j] = 4 * shapes_[j].size();
+    }
+  }
+
+  std::size_t rounds() const override { return 1; }
+  round_spec round(std::size_t) const override { return spec_; }
+
+  void contribute(std::size_t, std::span<float> buffer) override {
+    std::size_t at = 0;
+    auto put = [&](std::span<const float> x) {
+      if (!x.empty()) std::memcpy(buffer.data() + at, x.data(), x.size() * sizeof(float));
+      at += x.size();
+    };
+    for (std::size_t j = 0; j < codecs_.size(); ++j) {
+      if (phase_ == gradiveq_phase::compressed) {
+        put(payloads_[j].coefficients);
+        put(payloads_[j].tail);
+      } else {
+        put(flat_[j]);
+      }
+    }
+  }
+  std::vector<std::byte> contribute(std::size_t) override {
+    std::vector<std::vector<std::byte>> parts(codecs_.size());
+    for (std::size_t j = 0; j < codecs_.size(); ++j) {
+      wire::serialize_into(samples_[j], parts[j]);
+      bytes_[j] = parts[j].size();
+    }
+    return detail::pack_blobs(parts);
+  }
+  void absorb(std::size_t, std::span<const float> reduced) override { reduced_ = reduced; }
+  void absorb(std::size_t, std::span<const std::vector<std::byte>> gathered) override { gathered_ = gathered; }
+
+  void finish(std::span<const std::span<float>> out) override {
+    if (phase_ == gradiveq_phase::compressed) {
+      std::size_t at = 0;
+      for (std::size_t j = 0; j < codecs_.size(); ++j) {
+        auto& c = codecs_[j];
+        gradiveq_payload p;
+        p.fingerprint = c.fingerprint();
+        p.count = static_cast<std::uint32_t>(ranks_);
+        p.slice_size = c.slice_size();
+        p.offset = 0;
+        p.length = c.layer_length();
+        p.coefficients.assign(reduced_.begin() + at, reduced_.begin() + at + c.coefficient_count());
+        at += c.coefficient_count();
+        p.tail.assign(reduced_.begin() + at, reduced_.begin() + at + c.tail_length());
+        at += c.tail_length();
+        c.decode(p, flat_[j]);  // eq. 5: U_d (sum g') + mu
+        unflatten_gradiveq(shapes_[j], flat_[j], out[j]);
+      }
+      return;
+    }
+    if (quantized_sampling()) {
+      for (auto& f : flat_) std::fill(f.begin(), f.end(), 0.0f);
+      for (std::size_t rank = 0; rank < gathered_.size(); ++rank) {
+        const auto parts = detail::unpack_blobs(gathered_[rank], codecs_.size(), "exchange gradiveq sampling");
+        for (std::size_t j = 0; j < codecs_.size(); ++j) {
+          wire::parse_limits lim;
+          lim.max_element_count = shapes_[j].size();
+          const auto q = wire::parse<qsgd_payload>(parts[j], lim);
+          samplers_[j].decode_add(q, flat_[j]);
+        }
+      }
+    } else {
+      std::size_t at = 0;
+      for (std::size_t j = 0; j < codecs_.size(); ++j) {
+        std::memcpy(flat_[j].data(), reduced_.data() + at, flat_[j].size() * sizeof(float));
+        at += flat_[j].size();
+      }
+    }
+    for (std::size_t j = 0; j < codecs_.size(); ++j) {
+      if (phase_ == gradiveq_phase::sampling) codecs_[j].add_sample(flat_[j]);  // the sum is the PCA sample
+      unflatten_gradiveq(shapes_[j], flat_[j], out[j]);
+    }
+    undo_.clear();
+  }
+
+  void abandon() override {
+    for (std::size_t j = 0; j < undo_.size(); ++j) samplers_[j].restore_state(undo_[j]);
+    undo_.clear();
+  }
+
+  /// Fits every layer's basis (the end of L_t); called on every rank alike.
+  void fit() {
+    for (auto& c : codecs_) c.fit();
+  }
+
+  std::uint64_t digest() const override {
+    std::uint64_t h = static_cast<std::uint64_t>(phase_) + 1;
+    for (const auto& c : codecs_) h = h * 0x100000001B3ull ^ c.fingerprint();
+    return h;
+  }
+
+  std::vector<std::byte> save_state() const override {
+    std::vector<std::vector<std::byte>> s;
+    for (const auto& c : codecs_) s.push_back(c.save_state());
+    for (const auto& q : samplers_) s.push_back(q.save_state());
+    return detail::pack_blobs(s);
+  }
+  void restore_state(std::span<const std::byte> bytes) override {
+    const auto parts = detail::unpack_blobs(bytes, 2 * codecs_.size(), "exchange gradiveq bucket state");
+    auto codecs = codecs_;
+    auto samplers = samplers_;
+    for (std::size_t j = 0; j < codecs.size(); ++j) {
+      codecs[j].restore_state(parts[j]);
+      samplers[j].restore_state(parts[codecs.size() + j]);
+    }
+    codecs_ = std::move(codecs);
+    samplers_ = std::move(samplers);
+  }
+  std::vector<std::size_t> layer_bytes() const override { return bytes_; }
+  std::string phase() const override {
+    switch (phase_) {
+      case gradiveq_phase::warmup: return "gradiveq:warmup";
+      case gradiveq_phase::sampling: return quantized_sampling() ? "gradiveq:sampling-qsgd" : "gradiveq:sampling";
+      case gradiveq_phase::compressed: return "gradiveq:compressed";
+    }
+    return "gradiveq";
+  }
+  /// The compressor of layer j of the bucket (basis, d, ratio).
+  const linear_compressor<Policy>& compressor(std::size_t j) const { return codecs_.at(j); }
+
+ private:
+  bool quantized_sampling() const noexcept {
+    return phase_ == gradiveq_phase::sampling && life_->schedule.sampling_quantized();
+  }
+
+  gradiveq_lifecycle* life_;
+  std::vector<layer_shape> shapes_;
+  std::vector<linear_compressor<Policy>> codecs_;
+  std::vector<qsgd<Policy>> samplers_;
+  std::size_t total_ = 0;
+  int ranks_ = 1;
+  gradiveq_phase phase_ = gradiveq_phase::warmup;
+  round_spec spec_;
+  std::vector<std::vector<float>> flat_;
+  std::vector<gradiveq_payload> payloads_;
+  std::vector<qsgd_payload> samples_;
+  std::vector<std::vector<std::byte>> undo_;
+  std::span<const float> reduced_;
+  std::span<const std::vector<std::byte>> gathered_;
+  std::vector<std::size_t> bytes_;
+};
+
+}  // namespace gradcomp::exchange

@@ -1,0 +1,104 @@
+#pragma once
+/// \file exchange/model_exchange.hpp
+/// model_exchange: one call per step over one of gradcomp's transports. It
+/// drives the bucket layer's rounds with the collectives of
+/// exchange/collectives.hpp (sums on the ring driver, all-gathers and max
+/// rounds as rings of payloads) and adds the wire to the statistics.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/exchange/bucket_layer.hpp>
+#include <gradcomp/exchange/collectives.hpp>
+#include <gradcomp/tags.hpp>
+
+namespace gradcomp::exchange {
+
+/// Options of model_exchange.
+struct exchange_options {
+  failure_policy on_failure = failure_policy::skip;
+  /// Tags tag_base, tag_base + 1 (sum rounds) and tag_base + 2 (all-gather and max rounds).
+  int tag_base = tags::exchange.first;
+};
+
+/// Statistics of one step: the bucket layer's report plus the wire.
+struct step_stats : step_report {
+  wire_counters wire;
+  /// Bytes this rank contributed per phase name (a phase's buckets summed).
+  std::vector<std::pair<std::string, std::size_t>> phase_bytes;
+};
+
+/// The whole-model exchange over a Transport (docs/exchange.md). Its rounds
+/// run on `Collectives` (gradcomp's ring by default; another schedule plugs
+/// in as any RoundCollectives type).
+template <Transport T, ExecutionPolicy Policy = execution::seq, class Collectives = ring_collectives<Policy>>
+  requires RoundCollectives<Collectives, T>
+class model_exchange {
+ public:
+  model_exchange(T& transport, plan p, exchange_options options = {}, Collectives collectives = {})
+      : t_(&transport),
+        opt_(options),
+        coll_(std::move(collectives)),
+        layer_(std::move(p), static_cast<int>(transport.rank()), static_cast<int>(transport.size()),
+               bucket_layer_options{options.on_failure}) {
+    tags::check_tag_base(tags::exchange, opt_.tag_base, 3, "exchange::model_exchange");
+  }
+
+  /// One step: `gradients` (one span per layer, model order) hold this rank's
+  /// gradients on entry and the aggregate (mean or sum) on return. Returns
+  /// the step's statistics; `skipped` says every rank skipped the step (the
+  /// gradients are then unchanged: do not apply them). With the throw policy
+  /// a failed step throws exchange_failure_error on every rank.
+  const step_stats& step(std::span<const std::span<float>> gradients, bool request_skip = false) {
+    std::vector<std::span<const float>> in(gradients.begin(), gradients.end());
+    wire_counters wc;
+    layer_.begin_step(in, request_skip);
+    while (pending_round* r = layer_.next_round()) {
+      switch (r->spec.op) {
+        case round_op::sum: coll_.sum(*t_, r->buffer, opt_.tag_base, wc); layer_.complete_round(); break;
+        case round_op::max: coll_.max(*t_, r->buffer, opt_.tag_base + 2, wc); layer_.complete_round(); break;
+        case round_op::all_gather:
+          layer_.complete_round(coll_.all_gather(*t_, std::move(r->payload), opt_.tag_base + 2, wc));
+          break;
+      }
+    }
+    static_cast<step_report&>(stats_) = layer_.finish_step(gradients);
+    stats_.wire = wc;
+    stats_.phase_bytes.clear();
+    for (std::size_t b = 0; b < stats_.bucket_phase.size() && b < stats_.bucket_bytes.size(); ++b) {
+      auto it = std::find_if(stats_.phase_bytes.begin(), stats_.phase_bytes.end(),
+                             [&](const auto& p) { return p.first == stats_.bucket_phase[b]; });
+      if (it == stats_.phase_bytes.end())
+        stats_.phase_bytes.emplace_back(stats_.bucket_phase[b], stats_.bucket_bytes[b]);
+      else
+        it->second += stats_.bucket_bytes[b];
+    }
+    return stats_;
+  }
+
+  /// Statistics of the last step.
+  const step_stats& stats() const noexcept { return stats_; }
+  const plan& layout() const noexcept { return layer_.layout(); }
+  /// Completed (not skipped) steps.
+  std::uint64_t steps() const noexcept { return layer_.steps(); }
+  /// The bucket layer (codec states, the GradiVeQ schedule).
+  const bucket_layer<Policy>& buckets() const noexcept { return layer_; }
+  /// The whole state as bytes (bucket_layer::save_state).
+  std::vector<std::byte> save_state() const { return layer_.save_state(); }
+  /// Restores save_state() bytes of the same plan, world size and rank.
+  void restore_state(std::span<const std::byte> bytes) { layer_.restore_state(bytes); }
+
+ private:
+  T* t_;
+  exchange_options opt_;
+  Collectives coll_;
+  bucket_layer<Policy> layer_;
+  step_stats stats_;
+};
+
+}  // namespace gradcomp::exchange

@@ -1,0 +1,25 @@
+# docs/exchange.md's program block (between <!-- exchange-quickstart:begin -->
+# and <!-- exchange-quickstart:end -->) must be exactly
+# tests/docs/exchange_quickstart.cpp, which ctest compiles and runs.
+#   cmake -DSOURCE_DIR=<checkout> -P exchange_doc_check.cmake
+file(READ ${SOURCE_DIR}/docs/exchange.md page)
+file(READ ${SOURCE_DIR}/tests/docs/exchange_quickstart.cpp program)
+set(open "<!-- exchange-quickstart:begin -->\n```cpp\n")
+string(FIND "${page}" "${open}" begin)
+string(FIND "${page}" "```\n<!-- exchange-quickstart:end -->" end)
+if(begin LESS 0 OR end LESS 0)
+  message(FATAL_ERROR "docs/exchange.md: exchange-quickstart markers not found")
+endif()
+string(LENGTH "${open}" skip)
+math(EXPR begin "${begin} + ${skip}")
+math(EXPR length "${end} - ${begin}")
+string(SUBSTRING "${page}" ${begin} ${length} block)
+if(NOT block STREQUAL program)
+  message(FATAL_ERROR "docs/exchange.md's program differs from tests/docs/exchange_quickstart.cpp; keep them identical")
+endif()
+string(REGEX MATCHALL "\n" lines "${program}")
+list(LENGTH lines count)
+if(count GREATER 40)
+  message(FATAL_ERROR "tests/docs/exchange_quickstart.cpp has ${count} lines; the page promises at most 40")
+endif()
+message(STATUS "docs/exchange.md program == tests/docs/exchange_quickstart.cpp (${count} lines)")
