@@ -13,6 +13,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
+#include <gradcomp/model_exchange.hpp>
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/payloads/dense.hpp>
 #include <gradcomp/payloads/sparse_coo.hpp>

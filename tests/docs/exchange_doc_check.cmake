@@ -1,9 +1,9 @@
-# docs/exchange.md's program block (between <!-- exchange-quickstart:begin -->
-# and <!-- exchange-quickstart:end -->) must be exactly
-# tests/docs/exchange_quickstart.cpp, which ctest compiles and runs.
+# docs/exchange.md promises a complete 4-worker program of at most 40 lines:
+# the block between <!-- exchange-quickstart:begin --> and
+# <!-- exchange-quickstart:end --> (built and run like every block by docs.gcc
+# and docs.clang) must exist and stay that short.
 #   cmake -DSOURCE_DIR=<checkout> -P exchange_doc_check.cmake
 file(READ ${SOURCE_DIR}/docs/exchange.md page)
-file(READ ${SOURCE_DIR}/tests/docs/exchange_quickstart.cpp program)
 set(open "<!-- exchange-quickstart:begin -->\n```cpp\n")
 string(FIND "${page}" "${open}" begin)
 string(FIND "${page}" "```\n<!-- exchange-quickstart:end -->" end)
@@ -14,12 +14,12 @@ string(LENGTH "${open}" skip)
 math(EXPR begin "${begin} + ${skip}")
 math(EXPR length "${end} - ${begin}")
 string(SUBSTRING "${page}" ${begin} ${length} block)
-if(NOT block STREQUAL program)
-  message(FATAL_ERROR "docs/exchange.md's program differs from tests/docs/exchange_quickstart.cpp; keep them identical")
-endif()
-string(REGEX MATCHALL "\n" lines "${program}")
+string(REGEX MATCHALL "\n" lines "${block}")
 list(LENGTH lines count)
 if(count GREATER 40)
-  message(FATAL_ERROR "tests/docs/exchange_quickstart.cpp has ${count} lines; the page promises at most 40")
+  message(FATAL_ERROR "docs/exchange.md's 4-worker program has ${count} lines; the page promises at most 40")
 endif()
-message(STATUS "docs/exchange.md program == tests/docs/exchange_quickstart.cpp (${count} lines)")
+if(NOT block MATCHES "int main" OR NOT block MATCHES "run_workers\\(4")
+  message(FATAL_ERROR "docs/exchange.md's block is not a complete 4-worker program")
+endif()
+message(STATUS "docs/exchange.md: the 4-worker program has ${count} lines")

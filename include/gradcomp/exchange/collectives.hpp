@@ -20,6 +20,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/tags.hpp>
 
 namespace gradcomp::exchange {
 
@@ -86,7 +87,7 @@ template <ExecutionPolicy Policy, Transport T>
 void sum_round(T& t, std::span<float> data, int tag_base, wire_counters& c) {
   const auto t0 = std::chrono::steady_clock::now();
   wait_timing_transport<T> timed(t, c.wait_seconds);
-  ring_allreduce(Policy{}, timed, data, ring_options{.average = false, .tag_base = tag_base});
+  ring_allreduce(Policy{}, timed, data, ring_options{.average = false, .tag_base = tag_base, .tag_owner = tags::exchange});
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   for (int s = 0; s < ring.steps(); ++s)
     c.bytes_sent += sizeof(float) * (ring.size(ring.reduce_scatter_send(s)) + ring.size(ring.all_gather_send(s)));
