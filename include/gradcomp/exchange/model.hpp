@@ -140,7 +140,8 @@ class plan {
   plan(model_description model, plan_options options) : model_(std::move(model)), opt_(std::move(options)) {
     if (model_.size() == 0) throw invalid_argument_error("exchange::plan: the model has no layers");
     if (opt_.bucket_bytes < sizeof(float)) throw invalid_argument_error("exchange::plan: bucket_bytes must be >= 4");
-    for (const auto& [name, kind] : opt_.rules.explicit_choices) {
+    for (const auto& choice : opt_.rules.explicit_choices) {
+      const std::string& name = choice.first;  // not a structured binding: clang 14 cannot capture one
       const bool known = std::any_of(model_.layers().begin(), model_.layers().end(),
                                      [&](const layer_desc& l) { return l.name == name; });
       if (!known) throw layout_error("exchange::plan: explicit choice for unknown layer '" + name + "'");
