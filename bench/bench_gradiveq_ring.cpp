@@ -187,19 +187,7 @@ int main(int argc, char** argv) {
   gopt.max_dimension = rank_r;  // ...so d is forced to 32: K/d = 8 as in the paper's experiments
   gradcomp::linear_compressor<policy> codec(length, gopt);
   const auto fit_start = gb::clock::now();
-  {
-    std::vector<float> sample(length, 0.0f);
-    std::vector<float> one(K);
-    for (int t = 0; t < 48; ++t) {
-      std::fill(sample.begin(), sample.begin() + K, 0.0f);
-      for (int r = 0; r < workers; ++r) {
-        source.fill(one.data(), 1, 5000 + std::uint64_t(t * workers + r));
-        for (std::size_t i = 0; i < K; ++i) sample[i] += one[i];
-      }
-      codec.add_sample(sample);
-    }
-    codec.fit();
-  }
+  gb::fit_on_aggregated_samples(codec, source, length, workers);
   const double fit_seconds = std::chrono::duration<double>(gb::clock::now() - fit_start).count();
   std::printf("  GradiVeQ: K = %zu, d = %zu (K/d = %.1f), %zu slices, tail %zu, layer ratio %.2f, fit %.1f ms\n", K,
               codec.dimension(), double(K) / double(codec.dimension()), codec.slices(), codec.tail_length(),

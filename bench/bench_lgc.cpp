@@ -165,18 +165,23 @@ int main() {
   lgc_index_payload last_index_set;
   double ring_wall = 0;
   std::mutex mu;
+  // Runs the iterations of `node` (a ring node or a PS worker) on its rank's
+  // synthetic gradients, keeping each iteration's traffic in traffic[rank].
+  auto run_steps = [&](auto& node, transport::inproc_endpoint& ep, std::vector<std::vector<lgc_traffic>>& traffic) {
+    std::vector<std::vector<float>> grad;
+    for (std::uint64_t s = 0; s < steps; ++s) {
+      synthetic_gradient(ep.rank(), s, layers, grad);
+      std::vector<std::span<float>> sp(grad.begin(), grad.end());
+      node.step(ep, sp);
+      std::lock_guard<std::mutex> lock(mu);
+      traffic[std::size_t(ep.rank())][s] = node.last_traffic();
+    }
+  };
   {
     const auto t0 = gb::clock::now();
     transport::run_workers(nodes, [&](transport::inproc_endpoint& ep) {
       lgc_ring_node<execution::simd> node(ep.rank(), nodes, layers, po);
-      std::vector<std::vector<float>> grad;
-      for (std::uint64_t s = 0; s < steps; ++s) {
-        synthetic_gradient(ep.rank(), s, layers, grad);
-        std::vector<std::span<float>> sp(grad.begin(), grad.end());
-        node.step(ep, sp);
-        std::lock_guard<std::mutex> lock(mu);
-        ring_t[std::size_t(ep.rank())][s] = node.last_traffic();
-      }
+      run_steps(node, ep, ring_t);
       std::lock_guard<std::mutex> lock(mu);
       ring_total[std::size_t(ep.rank())] = node.total_traffic();
       if (ep.rank() == 0) last_index_set = node.last_index_set();
@@ -197,14 +202,7 @@ int main() {
         return;
       }
       lgc_ps_worker<execution::simd> w(ep.rank(), nodes, layers, po);
-      std::vector<std::vector<float>> grad;
-      for (std::uint64_t s = 0; s < steps; ++s) {
-        synthetic_gradient(ep.rank(), s, layers, grad);
-        std::vector<std::span<float>> sp(grad.begin(), grad.end());
-        w.step(ep, sp);
-        std::lock_guard<std::mutex> lock(mu);
-        ps_t[std::size_t(ep.rank())][s] = w.last_traffic();
-      }
+      run_steps(w, ep, ps_t);
     });
     ps_wall = std::chrono::duration<double>(gb::clock::now() - t0).count();
   }

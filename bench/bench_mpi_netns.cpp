@@ -149,18 +149,7 @@ int main(int argc, char** argv) {
   gopt.lambda = 1e-4;
   gopt.max_dimension = rank_r;  // K/d = 8 as in the paper's experiments
   gradcomp::linear_compressor<policy> codec(length, gopt);
-  {
-    std::vector<float> sample(length, 0.0f), one(K);
-    for (int s = 0; s < 48; ++s) {
-      std::fill(sample.begin(), sample.begin() + K, 0.0f);
-      for (int r = 0; r < n; ++r) {
-        source.fill(one.data(), 1, 5000 + std::uint64_t(s * n + r));
-        for (std::size_t i = 0; i < K; ++i) sample[i] += one[i];
-      }
-      codec.add_sample(sample);
-    }
-    codec.fit();
-  }
+  gb::fit_on_aggregated_samples(codec, source, length, n);
   const auto state = codec.save_state();
   const bool same_basis = identical_everywhere(state);
   if (rank == 0)

@@ -26,20 +26,9 @@ using namespace gradcomp;
 int main() {
   const std::size_t n = std::size_t{1} << 25;  // 32 Mi floats = 128 MiB per array: far beyond the 32 MiB L3
   const int repeats = 9;
-#if defined(GRADCOMP_HAS_XSIMD)
-  std::printf("two-bit quantizer, n = %zu floats, one core, xsimd batch of %zu floats\n", n,
-              xsimd::batch<float>::size);
-#else
-  std::printf("two-bit quantizer, n = %zu floats, one core, no xsimd (simd = seq)\n", n);
-#endif
+  const double triad = bench::single_core_header("two-bit quantizer", "", n, repeats);
 
-  const double triad = bench::stream_triad_gbps(n, repeats);
-  std::printf("%-40s %12.4g GB/s\n", "stream triad (baseline)", triad);
-
-  // Gradient ~ U(-1e-3, 1e-3): the scale of a small CNN's gradients.
-  std::vector<float> g(n);
-  const auto s = detail::counter_rng(1).stream(0);
-  for (std::size_t i = 0; i < n; ++i) g[i] = (2.0f * s.uniform_float(i) - 1.0f) * 1e-3f;
+  const std::vector<float> g = bench::uniform_gradient(n);  // the scale of a small CNN's gradients
 
   const double enc_bytes = 12.25 * double(n), dec_bytes = 4.25 * double(n), add_bytes = 8.25 * double(n);
   const double grad_bytes = 4.0 * double(n);

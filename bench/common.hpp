@@ -19,6 +19,10 @@
 
 #include <time.h>
 
+#if defined(GRADCOMP_HAS_XSIMD)
+#include <xsimd/xsimd.hpp>
+#endif
+
 namespace gradcomp::bench {
 
 using clock = std::chrono::steady_clock;
@@ -148,6 +152,30 @@ inline constexpr const char* policy_name = "seq";
 /// splitmix64 step (the golden-ratio increment, then the Mix13 finaliser): a
 /// counter-based hash for synthetic data.
 inline std::uint64_t splitmix(std::uint64_t z) { return gradcomp::detail::mix64(z + 0x9E3779B97F4A7C15ull); }
+
+/// Prints a one-core kernel bench's first lines: "<what>, n = <n> floats,
+/// <setup>one core, " and the xsimd batch width (or that there is no xsimd),
+/// then the STREAM triad over n floats (the same-run baseline), which it returns.
+inline double single_core_header(const char* what, const char* setup, std::size_t n, int repeats) {
+#if defined(GRADCOMP_HAS_XSIMD)
+  std::printf("%s, n = %zu floats, %sone core, xsimd batch of %zu floats\n", what, n, setup,
+              xsimd::batch<float>::size);
+#else
+  std::printf("%s, n = %zu floats, %sone core, no xsimd (simd = seq)\n", what, n, setup);
+#endif
+  const double triad = stream_triad_gbps(n, repeats);
+  std::printf("%-40s %12.4g GB/s\n", "stream triad (baseline)", triad);
+  return triad;
+}
+
+/// n gradient values ~ U(-1e-3, 1e-3), the scale of a small CNN's gradients
+/// (stream 0 of counter_rng(1)).
+inline std::vector<float> uniform_gradient(std::size_t n) {
+  std::vector<float> g(n);
+  const auto s = gradcomp::detail::counter_rng(1).stream(0);
+  for (std::size_t i = 0; i < n; ++i) g[i] = (2.0f * s.uniform_float(i) - 1.0f) * 1e-3f;
+  return g;
+}
 
 /// Prints the headline line the bench harness collects.
 inline void result(const std::string& name, double value, const std::string& unit) {

@@ -9,8 +9,10 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace gradcomp::bench {
 
@@ -43,5 +45,25 @@ struct conv_like_gradients {
     for (std::size_t i = 0; i < slices * K; ++i) out[i] += 1e-3f * (noise.uniform_float(i) - 0.5f);
   }
 };
+
+/// Fits the GradiVeQ basis of `codec` (a layer of `length` values) on L_t = 48
+/// aggregated samples: sample t's first slice is the sum of `workers` slices
+/// of `source` (seeds 5000 + t * workers + r), the rest of the layer zero
+/// (with s = infinity only slice 0 of each sample is read). Every rank that
+/// calls it fits on the same samples.
+template <class Codec>
+void fit_on_aggregated_samples(Codec& codec, const conv_like_gradients& source, std::size_t length, int workers) {
+  const std::size_t K = source.K;
+  std::vector<float> sample(length, 0.0f), one(K);
+  for (int t = 0; t < 48; ++t) {
+    std::fill(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(K), 0.0f);
+    for (int r = 0; r < workers; ++r) {
+      source.fill(one.data(), 1, 5000 + std::uint64_t(t * workers + r));
+      for (std::size_t i = 0; i < K; ++i) sample[i] += one[i];
+    }
+    codec.add_sample(sample);
+  }
+  codec.fit();
+}
 
 }  // namespace gradcomp::bench

@@ -105,12 +105,14 @@ stage_release() {
   return "$ctest_status"
 }
 
+# Notes (and prints) why a stage is skipped; the stage then returns 0.
+skip_stage() {
+  stage_note="skipped: $1"
+  echo "test.sh: $stage_note"
+}
+
 stage_quickstart() {
-  if [ ! -f examples/quickstart.cpp ]; then
-    stage_note="skipped: examples/quickstart.cpp is not in this checkout"
-    echo "test.sh: $stage_note"
-    return 0
-  fi
+  [ -f examples/quickstart.cpp ] || { skip_stage "examples/quickstart.cpp is not in this checkout"; return 0; }
   local dir="$ci/release"
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCH=OFF || return 1
@@ -165,11 +167,7 @@ stage_tsan() {
     -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
   local targets
   mapfile -t targets < <(unit_tests "$pattern")
-  if [ "${#targets[@]}" -eq 0 ]; then
-    stage_note="skipped: no unit test matches /$pattern/ yet"
-    echo "test.sh: $stage_note"
-    return 0
-  fi
+  [ "${#targets[@]}" -gt 0 ] || { skip_stage "no unit test matches /$pattern/ yet"; return 0; }
   echo "test.sh: TSan tests: ${targets[*]}"
   local build_status=0
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}" || build_status=1
@@ -183,11 +181,7 @@ stage_tsan() {
 }
 
 stage_fuzz() {
-  if [ ! -f fuzz/CMakeLists.txt ]; then
-    stage_note="skipped: fuzz/CMakeLists.txt is not in this checkout"
-    echo "test.sh: $stage_note"
-    return 0
-  fi
+  [ -f fuzz/CMakeLists.txt ] || { skip_stage "fuzz/CMakeLists.txt is not in this checkout"; return 0; }
   local dir="$ci/fuzz"
   cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DGRADCOMP_BUILD_FUZZERS=ON -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCH=OFF \
@@ -196,7 +190,7 @@ stage_fuzz() {
   for f in fuzz/fuzz_*.cpp; do
     [ -e "$f" ] && fuzzers+=("$(basename "$f" .cpp)")
   done
-  [ "${#fuzzers[@]}" -gt 0 ] || { stage_note="skipped: no fuzz/fuzz_*.cpp"; echo "test.sh: $stage_note"; return 0; }
+  [ "${#fuzzers[@]}" -gt 0 ] || { skip_stage "no fuzz/fuzz_*.cpp"; return 0; }
   cmake --build "$dir" -j "$jobs" --target "${fuzzers[@]}" || return 1
   local status=0 bin corpus
   for name in "${fuzzers[@]}"; do

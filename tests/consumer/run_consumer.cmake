@@ -33,16 +33,9 @@ set(consumer_dir ${SOURCE_DIR}/tests/consumer)
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
-# Runs a command; FATAL_ERROR with its output unless it exits 0.
-function(run what)
-  list(JOIN ARGN " " printable)
-  message(STATUS "[${ROUTE}] ${what}: ${printable}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "[${ROUTE}] ${what} failed (${rc}):\n${out}\n${err}")
-  endif()
-  set(last_output "${out}${err}" PARENT_SCOPE)
-endfunction()
+# run(what command...): runs a command; FATAL_ERROR with its output unless it exits 0.
+set(run_prefix "[${ROUTE}]")
+include(${CMAKE_CURRENT_LIST_DIR}/run_step.cmake)
 
 # Configures a consumer project; expects failure with `regex` in the output if given.
 function(configure_expect_failure what project build regex)
@@ -86,6 +79,18 @@ if(THRUST_DIR)
   set(thrust_args -DThrust_DIR=${THRUST_DIR})
 endif()
 
+# build_and_run of the find_package consumer, which finds gradcomp through
+# `locate` (a -D option); FATAL_ERROR unless the gradcomp_DIR it found is `expected_dir`.
+function(find_package_consumer expected_dir locate)
+  build_and_run(find_package "" ${locate} -DGRADCOMP_CONSUMER_VERSION=${VERSION}
+                -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ${thrust_args})
+  file(STRINGS ${consumer_cache} dir_line REGEX "^gradcomp_DIR:")
+  string(REGEX REPLACE "^gradcomp_DIR:[A-Z]*=" "" found_dir "${dir_line}")
+  if(NOT found_dir STREQUAL expected_dir)
+    message(FATAL_ERROR "[${ROUTE}] consumer found the wrong gradcomp: ${dir_line}")
+  endif()
+endfunction()
+
 if(ROUTE STREQUAL "install")
   set(prefix ${WORK_DIR}/prefix)
   run("install gradcomp" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${prefix})
@@ -95,24 +100,14 @@ if(ROUTE STREQUAL "install")
       message(FATAL_ERROR "[install] ${file} is not installed")
     endif()
   endforeach()
-  build_and_run(find_package "" -DCMAKE_PREFIX_PATH=${prefix} -DGRADCOMP_CONSUMER_VERSION=${VERSION}
-                -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ${thrust_args})
   # It must be the installed copy, not the build tree or a system one.
-  file(STRINGS ${consumer_cache} dir_line REGEX "^gradcomp_DIR:")
-  if(NOT dir_line STREQUAL "gradcomp_DIR:PATH=${prefix}/share/cmake/gradcomp")
-    message(FATAL_ERROR "[install] consumer found the wrong gradcomp: ${dir_line}")
-  endif()
+  find_package_consumer(${prefix}/share/cmake/gradcomp -DCMAKE_PREFIX_PATH=${prefix})
 
 elseif(ROUTE STREQUAL "build_tree")
   if(NOT EXISTS ${BINARY_DIR}/gradcompConfig.cmake)
     message(FATAL_ERROR "[build_tree] ${BINARY_DIR}/gradcompConfig.cmake does not exist")
   endif()
-  build_and_run(find_package "" -Dgradcomp_DIR=${BINARY_DIR} -DGRADCOMP_CONSUMER_VERSION=${VERSION}
-                -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ${thrust_args})
-  file(STRINGS ${consumer_cache} dir_line REGEX "^gradcomp_DIR:")
-  if(NOT dir_line MATCHES "=${BINARY_DIR}$")
-    message(FATAL_ERROR "[build_tree] consumer found the wrong gradcomp: ${dir_line}")
-  endif()
+  find_package_consumer(${BINARY_DIR} -Dgradcomp_DIR=${BINARY_DIR})
 
 elseif(ROUTE STREQUAL "add_subdirectory")
   build_and_run(add_subdirectory "" -DGRADCOMP_SOURCE_DIR=${SOURCE_DIR} ${thrust_args})

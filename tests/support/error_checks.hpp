@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <string>
 
 namespace gradcomp::test_support {
 
@@ -22,6 +23,34 @@ std::size_t non_finite_index_of(Fn&& fn) {
   }
   FAIL("expected non_finite_error");
   return std::numeric_limits<std::size_t>::max();
+}
+
+/// Restores `state` into `x`, which must throw option_mismatch_error whose
+/// message names the option; returns that option (the caller checks which),
+/// or fails the test and returns "" if restore_state accepts the state.
+template <class Restorable, class State>
+std::string mismatched_option_of(Restorable& x, const State& state) {
+  try {
+    x.restore_state(state);
+  } catch (const gradcomp::option_mismatch_error& e) {
+    CHECK(std::string(e.what()).find(e.option()) != std::string::npos);
+    return e.option();
+  }
+  FAIL("restore_state accepted a state saved with other options");
+  return std::string();
+}
+
+/// Checks that restoring `state` into `x` throws option_mismatch_error for
+/// `option`, named by both option() and the message.
+template <class Restorable, class State>
+void check_restore_names_option(Restorable& x, const State& state, const std::string& option) {
+  try {
+    x.restore_state(state);
+    FAIL("restore accepted a state saved with another " << option);
+  } catch (const gradcomp::option_mismatch_error& e) {
+    CHECK(e.option() == option);
+    CHECK(std::string(e.what()).find(option) != std::string::npos);
+  }
 }
 
 }  // namespace gradcomp::test_support

@@ -1,6 +1,11 @@
 #pragma once
 // Reference top-k selection for the sparsifier, SAMomentum and top-k kernel
-// tests: a full sort, and an O(n) check of a selection.
+// tests: a full sort, an O(n) check of a selection, and the positions the
+// sampled threshold reads.
+
+#include <gradcomp/payloads/topk.hpp>
+
+#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -45,6 +50,18 @@ inline bool is_exact_top(const std::vector<float>& x, const std::vector<std::uin
     }
   }
   return first_unselected_tie > last_selected_tie;
+}
+
+/// Positions of the stratified sample the top-k kernels draw for (n, k, seed,
+/// stream); requires that (n, k) is sampled, not exact.
+inline std::vector<std::size_t> sample_positions(std::size_t n, std::size_t k, std::uint64_t seed,
+                                                 std::uint64_t stream) {
+  const auto plan = execution::topk_plan_sample(n, k);
+  REQUIRE_FALSE(plan.use_exact);
+  std::vector<std::size_t> pos(plan.samples);
+  execution::topk_detail::sample_positions(n, plan.samples, 0, plan.samples,
+                                           execution::topk_detail::sample_stream(seed, stream), pos.data());
+  return pos;
 }
 
 }  // namespace gradcomp::test_support

@@ -42,17 +42,8 @@ lgc_options small_options(std::uint64_t full, std::uint64_t train, float momentu
 }
 
 // Gradient of `rank` at `step`: a shared component plus a per-rank innovation.
-std::vector<std::vector<float>> gradient(int rank, std::uint64_t step, const std::vector<std::size_t>& sizes,
-                                         double innovation = 0.3) {
-  const gradcomp::detail::counter_rng rng(77);
-  std::vector<std::vector<float>> g(sizes.size());
-  for (std::size_t l = 0; l < sizes.size(); ++l) {
-    const auto shared = rng.stream(step * 16 + l), own = rng.stream((step * 16 + l) * 64 + std::uint64_t(rank) + 1);
-    g[l].resize(sizes[l]);
-    for (std::size_t i = 0; i < sizes[l]; ++i)
-      g[l][i] = float((2.0 * shared.uniform_double(i) - 1.0) + innovation * (2.0 * own.uniform_double(i) - 1.0));
-  }
-  return g;
+std::vector<std::vector<float>> gradient(int rank, std::uint64_t step, const std::vector<std::size_t>& sizes) {
+  return test_support::ranked_gradient(rank, step, sizes);
 }
 
 // "Hot" gradients: every 100th element carries a large shared smooth value

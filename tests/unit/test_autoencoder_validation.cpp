@@ -58,15 +58,7 @@ lgc_options small_options(std::uint64_t full, std::uint64_t train) {
 }
 
 std::vector<std::vector<float>> gradient(int rank, std::uint64_t step) {
-  const gradcomp::detail::counter_rng rng(77);
-  std::vector<std::vector<float>> g(model.size());
-  for (std::size_t l = 0; l < model.size(); ++l) {
-    const auto shared = rng.stream(step * 16 + l), own = rng.stream((step * 16 + l) * 64 + std::uint64_t(rank) + 1);
-    g[l].resize(model[l]);
-    for (std::size_t i = 0; i < model[l]; ++i)
-      g[l][i] = float((2.0 * shared.uniform_double(i) - 1.0) + 0.3 * (2.0 * own.uniform_double(i) - 1.0));
-  }
-  return g;
+  return test_support::ranked_gradient(rank, step, model);
 }
 
 }  // namespace

@@ -61,18 +61,7 @@ wire_errc parse_error(std::span<const std::byte> bytes) {
 }
 
 // A qsgd message with an arbitrary body and a valid header and checksum.
-struct raw_qsgd {
-  static constexpr wire::codec_id wire_codec = wire::codec_id::qsgd;
-  std::uint64_t n = 0;
-  std::vector<std::byte> body;
-  std::uint64_t element_count() const { return n; }
-  std::size_t body_size() const { return body.size(); }
-  void write_body(wire::writer& w) const { w.put_bytes(body); }
-  static raw_qsgd read_body(wire::reader& r, const wire::header& h) {
-    const auto b = r.get_bytes(h.body_length);
-    return {h.element_count, std::vector<std::byte>(b.begin(), b.end())};
-  }
-};
+using raw_qsgd = test_support::raw_message_of<wire::codec_id::qsgd>;
 
 std::vector<std::byte> raw_message(std::uint64_t n, std::uint8_t bits, std::uint8_t reserved, std::uint16_t levels,
                                    std::uint32_t bucket, const std::vector<float>& norms,
@@ -429,16 +418,11 @@ TEST_CASE("corrupted, truncated and hand-crafted qsgd messages are rejected") {
   const auto good = wire::serialize(p);
 
   SUBCASE("every flipped byte and every truncation is detected") {
-    for (std::size_t at = 0; at < good.size(); ++at) {
-      auto bad = good;
-      bad[at] ^= std::byte{0x20};
-      CHECK_THROWS_AS(wire::parse<qsgd_payload>(bad), wire::wire_error);
-    }
+    test_support::check_flipped_bytes_rejected<qsgd_payload>(good, std::byte{0x20});
     auto bad = good;
     bad[good.size() - 3] ^= std::byte{0x01};
     CHECK(parse_error(bad) == wire_errc::checksum_mismatch);
-    for (std::size_t len = 0; len < good.size(); ++len)
-      CHECK(parse_error(std::span<const std::byte>(good).first(len)) == wire_errc::truncated);
+    test_support::check_truncations_rejected<qsgd_payload>(good);
   }
   SUBCASE("body fields that contradict the count are malformed (valid checksum)") {
     CHECK_NOTHROW(wire::parse<qsgd_payload>(raw_message(200, 4, 0, 7, 64, p.norms, p.words)));

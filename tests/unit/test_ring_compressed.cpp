@@ -613,10 +613,10 @@ TEST_CASE("baselines: error feedback delivers everything over the calls (two-bit
       double first_error = 0.0;
       std::mutex m;
       on_ring(n, [&](int r, inproc_endpoint& ep) {
-        if (codec_kind == 0) {
-          auto codecs = gradcomp::make_ring_codecs(
-              n, len, [](int, std::size_t l) { return gradcomp::two_bit_quantizer<>(l, gradcomp::two_bit_options::fixed(0.5f)); });
-          gradcomp::two_bit_quantizer<> whole(len, gradcomp::two_bit_options::fixed(0.5f));
+        // `make_codec(l)`: this codec kind for l elements, per segment and for the whole vector.
+        auto run_calls = [&](auto make_codec) {
+          auto codecs = gradcomp::make_ring_codecs(n, len, [&](int, std::size_t l) { return make_codec(l); });
+          auto whole = make_codec(len);
           for (int c = 0; c < calls; ++c) {
             vec y = x[std::size_t(r)];
             if (form == 0) gradcomp::ring_allreduce_reencode(ep, codecs, y);
@@ -627,22 +627,13 @@ TEST_CASE("baselines: error feedback delivers everything over the calls (two-bit
               first_error = rel_error(y, truth);
             }
           }
-        } else {
-          auto codecs = gradcomp::make_ring_codecs(n, len, [](int, std::size_t l) {
+        };
+        if (codec_kind == 0)
+          run_calls([](std::size_t l) { return gradcomp::two_bit_quantizer<>(l, gradcomp::two_bit_options::fixed(0.5f)); });
+        else
+          run_calls([](std::size_t l) {
             return gradcomp::sparsifier_with_memory<>(l, gradcomp::sparsifier_options{.ratio_percent = 10.0});
           });
-          gradcomp::sparsifier_with_memory<> whole(len, gradcomp::sparsifier_options{.ratio_percent = 10.0});
-          for (int c = 0; c < calls; ++c) {
-            vec y = x[std::size_t(r)];
-            if (form == 0) gradcomp::ring_allreduce_reencode(ep, codecs, y);
-            else gradcomp::ring_allgather_decode(ep, whole, y);
-            for (std::size_t i = 0; i < len; ++i) mean[std::size_t(r)][i] += y[i] / calls;
-            if (c == 0 && r == 0) {
-              std::lock_guard<std::mutex> lock(m);
-              first_error = rel_error(y, truth);
-            }
-          }
-        }
       });
       vec mean0(len);
       for (std::size_t i = 0; i < len; ++i) mean0[i] = float(mean[0][i]);

@@ -88,12 +88,8 @@ TEST_CASE("exact mode when the sampled bracket misses: radix fallback, rest resc
   const float m = 0.7f, eta = 0.5f;
   auto o = make_options(5.0, m, eta);
   const std::size_t k = sparse_selection_count(n, o.ratio_percent);
-  const auto plan = execution::topk_plan_sample(n, k);
-  REQUIRE_FALSE(plan.use_exact);
-  REQUIRE(plan.samples < k);
-  std::vector<std::size_t> pos(plan.samples);
-  execution::topk_detail::sample_positions(n, plan.samples, 0, plan.samples,
-                                           execution::topk_detail::sample_stream(o.seed, 0), pos.data());
+  const auto pos = test_support::sample_positions(n, k, o.seed, 0);
+  REQUIRE(pos.size() < k);
   std::mt19937 gen(8);
   auto g = normal(gen, n);
   for (auto i : pos) g[i] = 40.0f;

@@ -46,15 +46,7 @@ std::vector<std::uint32_t> radix(Policy p, const std::vector<float>& x, std::siz
   return out;
 }
 
-/// Positions of the stratified sample the kernels draw for (n, k, seed, stream).
-std::vector<std::size_t> sample_positions(std::size_t n, std::size_t k, std::uint64_t seed, std::uint64_t stream) {
-  const auto plan = execution::topk_plan_sample(n, k);
-  REQUIRE_FALSE(plan.use_exact);
-  std::vector<std::size_t> pos(plan.samples);
-  execution::topk_detail::sample_positions(n, plan.samples, 0, plan.samples,
-                                           execution::topk_detail::sample_stream(seed, stream), pos.data());
-  return pos;
-}
+using test_support::sample_positions;  // the positions the sampled threshold reads for (n, k, seed, stream)
 
 template <class Policy>
 std::vector<std::uint32_t> sampled(Policy p, const std::vector<float>& x, std::size_t k, std::uint64_t seed,

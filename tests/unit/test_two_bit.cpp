@@ -37,18 +37,7 @@ wire_errc parse_error(std::span<const std::byte> bytes) {
 using test_support::reseal;  // recomputes the CRC after a deliberate edit
 
 // A two-bit message with an arbitrary body and a valid header and checksum.
-struct raw_two_bit {
-  static constexpr wire::codec_id wire_codec = wire::codec_id::two_bit;
-  std::uint64_t n = 0;
-  std::vector<std::byte> body;
-  std::uint64_t element_count() const { return n; }
-  std::size_t body_size() const { return body.size(); }
-  void write_body(wire::writer& w) const { w.put_bytes(body); }
-  static raw_two_bit read_body(wire::reader& r, const wire::header& h) {
-    const auto b = r.get_bytes(h.body_length);
-    return {h.element_count, std::vector<std::byte>(b.begin(), b.end())};
-  }
-};
+using raw_two_bit = test_support::raw_message_of<wire::codec_id::two_bit>;
 
 std::vector<std::byte> raw_message(std::uint64_t n, float thr, const std::vector<std::uint32_t>& words) {
   raw_two_bit raw{n, {}};
@@ -277,18 +266,13 @@ TEST_CASE("corrupted, truncated and hand-crafted two-bit messages are rejected")
   const auto good = wire::serialize(p);
 
   SUBCASE("every flipped byte is detected") {
-    for (std::size_t at = 0; at < good.size(); ++at) {
-      auto bad = good;
-      bad[at] ^= std::byte{0x10};
-      CHECK_THROWS_AS(wire::parse<two_bit_payload>(bad), wire::wire_error);
-    }
+    test_support::check_flipped_bytes_rejected<two_bit_payload>(good, std::byte{0x10});
     auto bad = good;
     bad[40] ^= std::byte{0x01};  // a body byte: only the checksum can tell
     CHECK(parse_error(bad) == wire_errc::checksum_mismatch);
   }
   SUBCASE("every truncation is detected") {
-    for (std::size_t len = 0; len < good.size(); ++len)
-      CHECK(parse_error(std::span<const std::byte>(good).first(len)) == wire_errc::truncated);
+    test_support::check_truncations_rejected<two_bit_payload>(good);
   }
   SUBCASE("a body whose length does not match the count is malformed (valid checksum)") {
     std::vector<std::uint32_t> words(7, 0u);  // 100 elements need 7 words
@@ -359,13 +343,7 @@ TEST_CASE_TEMPLATE("restore_state with other options or size throws and leaves t
   auto expect_option = [&](two_bit_quantizer<Policy>& b, const char* option) {
     b.encode(normal_floats(b.size(), 8, 0.3), p);
     const auto before = b.save_state();
-    try {
-      b.restore_state(saved);
-      FAIL("restore accepted a state saved with another " << option);
-    } catch (const option_mismatch_error& e) {
-      CHECK(e.option() == option);
-      CHECK(std::string(e.what()).find(option) != std::string::npos);
-    }
+    test_support::check_restore_names_option(b, saved, option);
     CHECK(b.save_state() == before);
   };
   two_bit_quantizer<Policy> other_mode(n, two_bit_options::automatic());

@@ -104,8 +104,7 @@ TEST_CASE("each defect gives its own error code") {
   const auto good = wire::serialize(p);
 
   SUBCASE("truncated: every prefix is rejected as truncated") {
-    for (std::size_t len = 0; len < good.size(); ++len)
-      CHECK(parse_error(std::span(good).first(len)) == wire_errc::truncated);
+    test_support::check_truncations_rejected<dense_payload>(good);
   }
   SUBCASE("oversized: trailing bytes") {
     auto bytes = good;
@@ -185,20 +184,10 @@ TEST_CASE("a lying count inside the body cannot make the parser over-read or ove
   CHECK(wire::parse<counted_payload>(bytes).v.size() == 8);
   poke<std::uint64_t>(bytes, wire::header_size, std::uint64_t{1} << 60);
   reseal(bytes);
-  try {
-    (void)wire::parse<counted_payload>(bytes);
-    FAIL("accepted a lying count");
-  } catch (const wire::wire_error& e) {
-    CHECK(e.code() == wire_errc::truncated);
-  }
+  CHECK(test_support::parse_error_of<counted_payload>(bytes) == wire_errc::truncated);
   poke<std::uint64_t>(bytes, wire::header_size, 7);  // fewer than present: leftover bytes
   reseal(bytes);
-  try {
-    (void)wire::parse<counted_payload>(bytes);
-    FAIL("accepted unread bytes");
-  } catch (const wire::wire_error& e) {
-    CHECK(e.code() == wire_errc::malformed_body);
-  }
+  CHECK(test_support::parse_error_of<counted_payload>(bytes) == wire_errc::malformed_body);
 }
 
 TEST_CASE("varints round-trip and malformed ones are rejected") {

@@ -12,7 +12,8 @@ Steps (each printed with its time):
      reached from the test machines);
   3. the dependencies: the test fixtures in tests/consumer/conan/recipes/
      (eigen, xsimd, thrust, openmpi), which wrap Debian's installed packages at
-     the versions their headers declare, exported into that CONAN_HOME;
+     the versions their headers declare, exported into that CONAN_HOME after
+     their python_requires base (recipes/system_fixture);
   4. README.md's Conan command (the `conan create .` line of the "With Conan 2"
      block) run on the checkout, with the build's components as options
      (-o gradcomp/*:with_<c>=True/False), the build's generator and compiler,
@@ -204,7 +205,7 @@ def main():
             raise Failure(f"`conan remote remove {remote['name']}` failed (output above)")
     t = step("CONAN_HOME + profile", t)
 
-    wanted = ["eigen"] + [dep for comp, dep in (("simd", "xsimd"), ("thrust", "thrust"), ("mpi", "openmpi"))
+    wanted = ["system_fixture", "eigen"] + [dep for comp, dep in (("simd", "xsimd"), ("thrust", "thrust"), ("mpi", "openmpi"))
                           if comp in components]
     for name in wanted:
         code, _ = run([conan, "export", os.path.join(recipes, name)], env=env)

@@ -18,16 +18,6 @@ import subprocess
 
 from conan import ConanFile
 from conan.errors import ConanInvalidConfiguration
-from conan.tools.system.package_manager import Apt
-
-
-def _showme(what):
-    mpicc = shutil.which("mpicc")
-    if mpicc is None:
-        raise ConanInvalidConfiguration(
-            "openmpi fixture: no mpicc on PATH (Debian: apt-get install libopenmpi-dev openmpi-bin)")
-    return subprocess.run([mpicc, f"--showme:{what}"], check=True, capture_output=True,
-                          text=True).stdout.split()
 
 
 class OpenmpiSystemFixture(ConanFile):
@@ -35,12 +25,19 @@ class OpenmpiSystemFixture(ConanFile):
     description = "Test fixture: the system's Open MPI (Debian: libopenmpi-dev, openmpi-bin)"
     license = "BSD-3-Clause"
     package_type = "shared-library"
-    settings = "os", "arch", "compiler", "build_type"
+    python_requires = "gradcomp_system_fixture/1.0"  # recipes/system_fixture, exported first
+    python_requires_extend = "gradcomp_system_fixture.SystemPackageFixture"
+    apt_packages = ("libopenmpi-dev", "openmpi-bin")
 
-    def set_version(self):
-        if self.version:
-            return
-        for include_dir in _showme("incdirs"):
+    def _showme(self, what):
+        mpicc = shutil.which("mpicc")
+        if mpicc is None:
+            raise self.missing("no mpicc on PATH")
+        return subprocess.run([mpicc, f"--showme:{what}"], check=True, capture_output=True,
+                              text=True).stdout.split()
+
+    def installed_version(self):
+        for include_dir in self._showme("incdirs"):
             header = os.path.join(include_dir, "mpi.h")
             if os.path.isfile(header):
                 with open(header) as f:
@@ -48,20 +45,13 @@ class OpenmpiSystemFixture(ConanFile):
                 parts = [re.search(rf"#define\s+OMPI_{part}_VERSION\s+(\d+)", text)
                          for part in ("MAJOR", "MINOR", "RELEASE")]
                 if all(parts):
-                    self.version = ".".join(p.group(1) for p in parts)
-                    return
+                    return ".".join(p.group(1) for p in parts)
         raise ConanInvalidConfiguration("openmpi fixture: mpicc's include dirs hold no Open MPI mpi.h")
-
-    def system_requirements(self):
-        Apt(self).install(["libopenmpi-dev", "openmpi-bin"])  # a check under Conan's default mode
 
     def package_id(self):
         # The binaries are the system's: one package per OS/arch, whatever the compiler.
         del self.info.settings.compiler
         del self.info.settings.build_type
-
-    def package(self):
-        pass  # nothing to package: headers and libraries stay where Debian put them
 
     def package_info(self):
         self.cpp_info.set_property("cmake_find_mode", "both")
@@ -70,9 +60,9 @@ class OpenmpiSystemFixture(ConanFile):
 
         ompi = self.cpp_info.components["ompi"]
         ompi.set_property("pkg_config_name", "ompi")
-        ompi.includedirs = _showme("incdirs")
-        ompi.libdirs = _showme("libdirs")
-        ompi.libs = _showme("libs")
+        ompi.includedirs = self._showme("incdirs")
+        ompi.libdirs = self._showme("libdirs")
+        ompi.libs = self._showme("libs")
         ompi.bindirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             ompi.system_libs = ["m", "dl", "pthread", "rt", "util"]
