@@ -20,10 +20,4 @@
 
 #include <gradcomp/detail/policy_tags.hpp>
 
-#include <gradcomp/system/generic/elementwise.hpp>
-#if defined(GRADCOMP_HAS_XSIMD)
-#include <gradcomp/system/simd/elementwise.hpp>
-#endif
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/elementwise.hpp>
-#endif
+#include <gradcomp/system/elementwise.hpp>

@@ -32,13 +32,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/wire.hpp>
 
-#include <gradcomp/system/generic/qsgd.hpp>
-#if defined(GRADCOMP_HAS_XSIMD)
-#include <gradcomp/system/simd/qsgd.hpp>
-#endif
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/qsgd.hpp>
-#endif
+#include <gradcomp/system/qsgd.hpp>
 
 namespace gradcomp {
 

@@ -39,13 +39,7 @@
 #include <gradcomp/payloads/sparse_coo.hpp>
 #include <gradcomp/payloads/topk.hpp>
 
-#include <gradcomp/system/generic/sparsify.hpp>
-#if defined(GRADCOMP_HAS_XSIMD)
-#include <gradcomp/system/simd/sparsify.hpp>
-#endif
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/sparsify.hpp>
-#endif
+#include <gradcomp/system/sparsify.hpp>
 
 namespace gradcomp {
 

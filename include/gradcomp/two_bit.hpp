@@ -29,13 +29,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/wire.hpp>
 
-#include <gradcomp/system/generic/two_bit.hpp>
-#if defined(GRADCOMP_HAS_XSIMD)
-#include <gradcomp/system/simd/two_bit.hpp>
-#endif
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/two_bit.hpp>
-#endif
+#include <gradcomp/system/two_bit.hpp>
 
 namespace gradcomp {
 

@@ -21,11 +21,8 @@
 #include <gradcomp/gradiveq/payload.hpp>
 #include <gradcomp/gradiveq/saved_options.hpp>
 #include <gradcomp/layout.hpp>
-#include <gradcomp/system/generic/gradiveq.hpp>
+#include <gradcomp/system/gradiveq.hpp>
 #include <gradcomp/wire.hpp>
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/gradiveq.hpp>
-#endif
 
 namespace gradcomp {
 

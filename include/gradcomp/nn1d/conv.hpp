@@ -11,14 +11,7 @@
 #include <string>
 #include <vector>
 
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics when
-// Eigen's GEMM kernels are inlined here with -march=native (GCC bug 105593);
-// the warning is spurious and silenced for the nn1d headers only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include <gradcomp/nn1d/detail/warnings_push.hpp>  // GCC bug 105593, see there
 
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/errors.hpp>
@@ -289,6 +282,4 @@ class conv_transpose1d : public detail::conv_geometry {
 
 }  // namespace gradcomp::nn1d
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include <gradcomp/nn1d/detail/warnings_pop.hpp>

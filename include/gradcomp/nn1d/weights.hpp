@@ -12,14 +12,7 @@
 #include <variant>
 #include <vector>
 
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics when
-// Eigen's GEMM kernels are inlined here with -march=native (GCC bug 105593);
-// the warning is spurious and silenced for the nn1d headers only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include <gradcomp/nn1d/detail/warnings_push.hpp>  // GCC bug 105593, see there
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/nn1d/sequential.hpp>
@@ -196,6 +189,4 @@ template <class T>
 
 }  // namespace gradcomp::nn1d
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include <gradcomp/nn1d/detail/warnings_pop.hpp>

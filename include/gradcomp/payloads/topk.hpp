@@ -11,13 +11,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include <gradcomp/system/generic/topk.hpp>
-#if defined(GRADCOMP_HAS_XSIMD)
-#include <gradcomp/system/simd/topk.hpp>
-#endif
-#if defined(GRADCOMP_HAS_THRUST)
-#include <gradcomp/system/thrust/topk.hpp>
-#endif
+#include <gradcomp/system/topk.hpp>
 
 namespace gradcomp {
 

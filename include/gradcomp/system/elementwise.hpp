@@ -1,0 +1,14 @@
+#pragma once
+/// \file system/elementwise.hpp
+/// The element-wise kernels (find_non_finite, add_into) of every backend this build has: the generic
+/// ones always, the xsimd ones with gradcomp::simd (GRADCOMP_HAS_XSIMD), the
+/// Thrust ones with gradcomp::thrust (GRADCOMP_HAS_THRUST). Overload
+/// resolution on the policy picks among them (docs/architecture.md).
+
+#include <gradcomp/system/generic/elementwise.hpp>
+#if defined(GRADCOMP_HAS_XSIMD)
+#include <gradcomp/system/simd/elementwise.hpp>
+#endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/elementwise.hpp>
+#endif

@@ -1,0 +1,14 @@
+#pragma once
+/// \file system/two_bit.hpp
+/// The two-bit quantizer's kernels of every backend this build has: the generic
+/// ones always, the xsimd ones with gradcomp::simd (GRADCOMP_HAS_XSIMD), the
+/// Thrust ones with gradcomp::thrust (GRADCOMP_HAS_THRUST). Overload
+/// resolution on the policy picks among them (docs/architecture.md).
+
+#include <gradcomp/system/generic/two_bit.hpp>
+#if defined(GRADCOMP_HAS_XSIMD)
+#include <gradcomp/system/simd/two_bit.hpp>
+#endif
+#if defined(GRADCOMP_HAS_THRUST)
+#include <gradcomp/system/thrust/two_bit.hpp>
+#endif
