@@ -15,6 +15,7 @@
 #include <gradcomp/transport/fault_injection.hpp>
 #include <gradcomp/transport/inproc.hpp>
 #include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
 
 namespace gx = gradcomp::exchange;
 using gradcomp::layer_shape;
@@ -33,16 +34,8 @@ gx::model_description small_model() {
 
 /// Options with a short GradiVeQ schedule (warm-up 2, L_t 3, L_c 3).
 gx::plan_options short_options(gx::codec_kind rest = gx::codec_kind::dense) {
-  gx::plan_options o;
-  o.rules.small_below = 64;
+  gx::plan_options o = gradcomp::test_support::short_exchange_options(7);
   o.rules.fallback = rest;
-  o.gradiveq_schedule.warmup_iterations = 2;
-  o.gradiveq_schedule.sampling_iterations = 3;
-  o.gradiveq_schedule.compressed_iterations = 3;
-  o.gradiveq.lambda = 0.05;
-  o.top_k.ratio_percent = 10.0;
-  o.bucket_bytes = 1 << 12;
-  o.seed = 7;
   return o;
 }
 

@@ -10,6 +10,7 @@
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/transport/inproc.hpp>
 #include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
 
 namespace gx = gradcomp::exchange;
 using gradcomp::test_support::bit_equal;
@@ -20,20 +21,7 @@ namespace {
 /// A model with every codec of the library: GradiVeQ on the convs, two-bit,
 /// QSGD and top-k on the fully connected layers, dense on the biases.
 gx::plan every_codec_plan(gx::codec_kind fc1 = gx::codec_kind::two_bit) {
-  gx::model_description m;
-  m.add_conv("conv1", 8, 4, 3, 3).add_dense("conv1.bias", 8, 1).add_conv("conv2", 8, 8, 3, 3);
-  m.add_dense("fc1", 500).add_dense("fc2", 700).add_dense("fc3", 900).add_dense("fc3.bias", 10, 1);
-  gx::plan_options o;
-  o.rules.small_below = 64;
-  o.rules.explicit_choices = {{"fc1", fc1}, {"fc2", gx::codec_kind::qsgd}, {"fc3", gx::codec_kind::top_k}};
-  o.gradiveq_schedule.warmup_iterations = 2;
-  o.gradiveq_schedule.sampling_iterations = 3;
-  o.gradiveq_schedule.compressed_iterations = 3;
-  o.gradiveq.lambda = 0.05;
-  o.top_k.ratio_percent = 10.0;
-  o.bucket_bytes = 1 << 12;
-  o.seed = 11;
-  return gx::plan(std::move(m), o);
+  return gradcomp::test_support::every_codec_plan(11, fc1);
 }
 
 std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step,
