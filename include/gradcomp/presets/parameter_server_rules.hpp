@@ -36,6 +36,17 @@ namespace presets_detail {
 inline std::uint64_t layer_seed(std::uint64_t seed, std::size_t layer) noexcept {
   return seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
 }
+
+/// The options every top-R% rule shares (R, threshold mode, layer j's seed),
+/// for sparsifier_options or sa_momentum_options.
+template <class Options, class Rule>
+Options sparse_rule_options(const Rule& rule, std::size_t layer) {
+  Options o;
+  o.ratio_percent = rule.ratio_percent;
+  o.mode = rule.mode;
+  o.seed = layer_seed(rule.seed, layer);
+  return o;
+}
 }  // namespace presets_detail
 
 /// ASGD (Table 5 row 1): the dense gradient eta * grad, no momentum, no
@@ -55,10 +66,7 @@ struct gd_async_rule {
   threshold_mode mode = threshold_mode::exact;
   std::uint64_t seed = 0;
   codec_type operator()(std::size_t layer, std::size_t n) const {
-    sparsifier_options o;
-    o.ratio_percent = ratio_percent;
-    o.mode = mode;
-    o.seed = presets_detail::layer_seed(seed, layer);
+    auto o = presets_detail::sparse_rule_options<sparsifier_options>(*this, layer);
     o.scale = 1.0f;  // ps_uplink feeds eta * grad
     return codec_type(n, o);
   }
@@ -75,10 +83,7 @@ struct dgc_async_rule {
   threshold_mode mode = threshold_mode::exact;
   std::uint64_t seed = 0;
   codec_type operator()(std::size_t layer, std::size_t n) const {
-    sparsifier_options o;
-    o.ratio_percent = ratio_percent;
-    o.mode = mode;
-    o.seed = presets_detail::layer_seed(seed, layer);
+    auto o = presets_detail::sparse_rule_options<sparsifier_options>(*this, layer);
     o.scale = 1.0f;
     o.dgc_momentum = true;
     o.momentum = momentum;
@@ -95,12 +100,9 @@ struct dgs_rule {
   threshold_mode mode = threshold_mode::exact;
   std::uint64_t seed = 0;
   codec_type operator()(std::size_t layer, std::size_t n) const {
-    sa_momentum_options o;
-    o.ratio_percent = ratio_percent;
+    auto o = presets_detail::sparse_rule_options<sa_momentum_options>(*this, layer);
     o.momentum = momentum;
     o.learning_rate = 1.0f;
-    o.mode = mode;
-    o.seed = presets_detail::layer_seed(seed, layer);
     return codec_type(n, o);
   }
 };
