@@ -6,17 +6,9 @@
 cmake_minimum_required(VERSION 3.20)
 string(REPLACE "|" ";" OPTIONS "${OPTIONS}")
 file(MAKE_DIRECTORY ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/docs/project -B ${WORK_DIR} -G ${GENERATOR}
-                        -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release
-                        -DGRADCOMP_SOURCE_DIR=${SOURCE_DIR} ${OPTIONS}
-                RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "docs: configuring the snippets project failed")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR} -j 2 RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "docs: a block of README.md or docs/ does not compile with ${CXX_COMPILER} (errors above)")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/../build_subproject.cmake)
+gradcomp_build_subproject("docs (a block of README.md or docs/)" ${SOURCE_DIR}/tests/docs/project ${WORK_DIR}
+                          ${CXX_COMPILER} ${GENERATOR} ${OPTIONS})
 file(STRINGS ${WORK_DIR}/snippets.txt programs)
 list(LENGTH programs count)
 set(ran 0)
