@@ -72,13 +72,8 @@ class async_ps_worker {
   /// advances). Throws before any state changes for a bad gradient or lr.
   [[nodiscard]] std::vector<std::byte> make_push(std::span<const float> gradient, float lr) {
     uplink_.encode(gradient, lr, payloads_);
-    ps_control c = ps_detail::make_control(ps_kind::push, ++sequence_);
-    c.layers = static_cast<std::uint32_t>(layers().layers());
-    c.elements = layers().total();
-    builder_.start(c);
-    for (const auto& p : payloads_) builder_.append(p);
+    auto f = ps_detail::push_frame(builder_, layers(), ++sequence_, payloads_);
     ++stats_.pushes;
-    auto f = builder_.take();
     stats_.bytes_up += f.size();
     return f;
   }

@@ -137,6 +137,19 @@ inline ps_control make_control(ps_kind kind, std::uint64_t sequence, std::uint64
   return c;
 }
 
+/// A worker's push frame for request `sequence`: the control message, then
+/// one wire message per layer (the uplink's payloads).
+template <class Payloads>
+std::vector<std::byte> push_frame(ps_frame_builder& builder, const layer_partition& layers, std::uint64_t sequence,
+                                  const Payloads& payloads) {
+  ps_control c = make_control(ps_kind::push, sequence);
+  c.layers = static_cast<std::uint32_t>(layers.layers());
+  c.elements = layers.total();
+  builder.start(c);
+  for (const auto& p : payloads) builder.append(p);
+  return builder.take();
+}
+
 /// Serialises a model update (async downlink): each sparse layer as a
 /// sparse_coo_payload of the server's values, or dense (`dense_layer(j)`) when
 /// that is no larger; dense layers as dense_payload.
