@@ -25,6 +25,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -287,6 +288,7 @@ class conv_transpose1d : public detail::conv_geometry {
   matrix<T> col_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -25,6 +25,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 template <class T>
 using layer = std::variant<conv1d<T>, conv_transpose1d<T>, leaky_relu<T>>;
@@ -158,6 +159,7 @@ class sequential {
   tensor<T> grad_a_, grad_b_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -17,7 +17,10 @@
 
 #include <Eigen/Core>
 
+#include <gradcomp/abi.hpp>
+
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 using index_type = Eigen::Index;
 /// Column-major dynamic matrix.
@@ -49,6 +52,7 @@ struct parameter_ref {
   std::span<T> grad;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #if defined(__GNUC__) && !defined(__clang__)

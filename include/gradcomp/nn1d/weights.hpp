@@ -27,6 +27,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 // ---------------------------------------------------------------------------
 // Weights in the wire container.
@@ -194,6 +195,7 @@ template <class T>
   return true;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #if defined(__GNUC__) && !defined(__clang__)

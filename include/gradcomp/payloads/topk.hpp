@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/system/generic/topk.hpp>
 #if defined(GRADCOMP_HAS_XSIMD)
 #include <gradcomp/system/simd/topk.hpp>
@@ -21,6 +22,7 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// k = max(1, ceil(R/100 * n)), at most n (0 when n == 0): the entries sent
 /// per step for R percent (DGS Table 1). R*n/100 is computed in double; a
 /// value within 1e-9 (relative) of an integer counts as that integer, so
@@ -34,4 +36,5 @@ inline std::size_t sparse_selection_count(std::size_t n, double ratio_percent) n
   return std::min(k, n);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

@@ -31,11 +31,13 @@ namespace gradcomp {
 // Worker update rules: the four rows of seed 001 Table 5
 
 namespace presets_detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Layer j's sampling seed under a rule's `seed`: distinct layers draw
 /// distinct samples.
 inline std::uint64_t layer_seed(std::uint64_t seed, std::size_t layer) noexcept {
   return seed ^ (0x9E3779B97F4A7C15ull * (layer + 1));
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace presets_detail
 
 /// ASGD (Table 5 row 1): the dense gradient eta * grad, no momentum, no
