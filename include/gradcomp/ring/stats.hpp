@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <utility>
 
+#include <gradcomp/abi.hpp>
+
 namespace gradcomp {
 
 /// What one rank did in one call of a compressed ring form. Bytes count the
