@@ -37,7 +37,9 @@
 ///   GRADCOMP_ABI_TAG_STRING     the same, as a string literal.
 ///   GRADCOMP_ABI_NAMESPACE_BEGIN / _END   open and close the inline namespace; used inside
 ///                               `namespace gradcomp::execution { ... }` (kernels), `gradcomp::wire`
-///                               (its functions) and `gradcomp::detail` (helpers), never at global scope.
+///                               (its functions), every `detail` namespace (helpers), and `gradcomp`,
+///                               `gradcomp::tags`, `gradcomp::nn1d`, `gradcomp::transport` (free functions
+///                               and implementation classes, docs/architecture.md), never at global scope.
 ///
 /// Components, in order: avx512f, avx512bw, avx512dq, avx512vl, avx2, avx, fma, f16c, sse4_2,
 /// neon, sve (the instruction sets the compiler may use), xsimd (GRADCOMP_HAS_XSIMD:

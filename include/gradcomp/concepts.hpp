@@ -82,6 +82,7 @@ concept StatefulCodec = Codec<C> && requires(C& c, const C& cc, std::span<const 
   { c.restore_state(bytes) } -> std::same_as<void>;
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Numeric check of a LinearCodec's claim (the property tests use it):
 /// returns max_i |decode(sum_k encode_N(x_k)) - decode(encode_1(sum_k x_k))|_i
 /// divided by max(1, max_i |sum_k x_k|_i).
@@ -116,6 +117,7 @@ double linearity_defect(C& per_summand, C& whole, std::span<const std::vector<fl
   return worst / scale;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 // ---------------------------------------------------------------------------
 // Transports
 

@@ -60,6 +60,7 @@ namespace gradcomp {
 // ---------------------------------------------------------------------------
 // Layers
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The layers of a flat model vector: layer j is [offset(j), offset(j) + size(j)).
 /// Per-layer behaviour (top R% of each layer, Alg. 1 line 7 and Alg. 2 line 6)
 /// comes from this partition. Every layer is non-empty and below 2^32 elements
@@ -107,6 +108,7 @@ class layer_partition {
   std::vector<std::size_t> offsets_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 // ---------------------------------------------------------------------------
 // Model updates (server -> worker)
 
@@ -126,6 +128,7 @@ struct model_update {
   bool resync = false;          ///< a full dense model (join / rejoin)
 
   /// Entries sent, over all layers.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   std::size_t entries() const noexcept {
     std::size_t s = 0;
     for (const auto& l : layers) s += l.values.size();

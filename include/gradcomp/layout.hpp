@@ -70,6 +70,7 @@ struct layer_shape {
   /// wrong still compiles and gives a layer of the same size, but flattens
   /// (and slices) it wrongly: keep F first and W last.
   /// Throws invalid_argument_error on a zero extent or an element count that overflows.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static layer_shape conv(std::size_t f, std::size_t d, std::size_t h, std::size_t w) {
     if (f == 0 || d == 0 || h == 0 || w == 0)
       throw invalid_argument_error("layer_shape::conv: every extent must be positive");
@@ -87,6 +88,7 @@ struct layer_shape {
   }
 
   /// A tensor of n elements kept in framework order.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static layer_shape dense(std::size_t n) {
     layer_shape s;
     s.kind = layer_kind::dense;
@@ -109,6 +111,7 @@ struct layer_shape {
   }
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Position of framework element (f, d, h, w) of a conv layer in the GradiVeQ order (Fig. 3a).
 inline std::size_t gradiveq_index(const layer_shape& s, std::size_t f, std::size_t d, std::size_t h,
                                   std::size_t w) noexcept {
@@ -121,7 +124,9 @@ inline std::size_t framework_index(const layer_shape& s, std::size_t f, std::siz
   return ((f * s.depth + d) * s.height + h) * s.width + w;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 inline void check_layout_sizes(const char* where, const layer_shape& s, std::size_t in, std::size_t out) {
   if (in != s.size()) throw size_mismatch_error(std::string(where) + ": input", s.size(), in);
   if (out != s.size()) throw size_mismatch_error(std::string(where) + ": output", s.size(), out);
@@ -132,9 +137,11 @@ inline bool overlaps(std::span<const float> a, std::span<float> b) noexcept {
   const float* b0 = b.data();
   return std::less<const float*>{}(a0, b0 + b.size()) && std::less<const float*>{}(b0, a0 + a.size());
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// flatten_gradiveq (Inverse: unflatten_gradiveq). Source [F][D][P] (P = H*W
 /// positions), destination [P][D][F] (Inverse: the other way round): for each
 /// depth a transpose of the F x P block, tiled so both sides stay in cache.
@@ -163,8 +170,10 @@ void gradiveq_transpose(const char* who, const layer_shape& s, std::span<const f
         }
       }
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Reorders a layer gradient from the framework layout into the GradiVeQ
 /// layout (Fig. 3a): out[gradiveq_index(f,d,h,w)] = in[framework_index(f,d,h,w)].
 /// Dense layers are copied unchanged. `in` and `out` must not overlap.
@@ -177,4 +186,5 @@ inline void unflatten_gradiveq(const layer_shape& s, std::span<const float> in, 
   detail::gradiveq_transpose<true>("unflatten_gradiveq", s, in, out);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

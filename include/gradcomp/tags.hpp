@@ -72,6 +72,7 @@ constexpr bool registry_is_valid() noexcept {
 }
 static_assert(registry_is_valid(), "gradcomp's tag ranges must be disjoint and below 32767");
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Checks that a piece owning `own`, moved to `tag_base` and using tags
 /// [tag_base, tag_base + width), stays inside [0, 32767] and out of every
 /// other piece's range. Throws invalid_argument_error naming `who` and the
@@ -92,4 +93,5 @@ inline void check_tag_base(const tag_range& own, int tag_base, int width, const 
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::tags

@@ -8,6 +8,7 @@
 // Exit status 0: all checks passed; 1: a check failed (each is printed);
 // 77: this CPU lacks AVX2 or FMA, so the AVX2 unit cannot run (skipped).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -87,6 +88,32 @@ int main() {
             "qsgd norms differ by more than float rounding between the units");
     }
   }
+
+  // The rest of the library: bit-identical results where the kernels promise
+  // them (sparse codecs, payload bytes, rings, frames) ...
+  check(!isa.exact.empty() && isa.exact.size() == base.exact.size(), "the units report different exact results");
+  for (std::size_t i = 0; i < isa.exact.size() && i < base.exact.size(); ++i) {
+    check(isa.exact[i].first == base.exact[i].first, "exact results in another order: " + isa.exact[i].first);
+    check(isa.exact[i].second == base.exact[i].second, isa.exact[i].first + ": bytes differ between the units");
+  }
+  // ... and within float rounding where Eigen's reductions or FMA may round
+  // differently (GradiVeQ, LGC, sa_momentum).
+  check(!isa.approx.empty() && isa.approx.size() == base.approx.size(), "the units report different results");
+  for (std::size_t i = 0; i < isa.approx.size() && i < base.approx.size(); ++i) {
+    const auto& [name, x] = isa.approx[i];
+    const auto& y = base.approx[i].second;
+    check(name == base.approx[i].first, "results in another order: " + name);
+    check(x.size() == y.size() && !x.empty(), name + ": result sizes differ between the units");
+    double scale = 0.0;
+    for (float v : y) scale = std::max(scale, double(std::fabs(v)));
+    for (std::size_t j = 0; j < x.size() && j < y.size(); ++j)
+      if (!(std::fabs(double(x[j]) - double(y[j])) <= 1e-4 * std::max(scale, 1e-6))) {
+        check(false, name + ": value " + std::to_string(j) + " differs by more than float rounding between the units");
+        break;
+      }
+  }
+  std::printf("compared %zu exact and %zu approximate results, %zu functions\n", isa.exact.size(),
+              isa.approx.size(), isa.functions.size());
 
   std::printf("%s (%d failed checks)\n", failures == 0 ? "PASS" : "FAILED", failures);
   return failures == 0 ? 0 : 1;

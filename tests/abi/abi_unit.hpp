@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace abi_test {
@@ -21,6 +22,14 @@ struct unit_report {
   std::vector<std::vector<float>> qsgd_norms;
   /// Serialized sum of two dense payloads, seq and simd.
   std::vector<std::byte> dense_seq, dense_simd;
+  /// Results that must be bit-identical across the units (name, serialized
+  /// payload or raw bytes): sparse codecs, payload round trips, the dense
+  /// ring over inproc, a parameter-server frame.
+  std::vector<std::pair<std::string, std::vector<std::byte>>> exact;
+  /// Results compared across the units within a relative tolerance (name,
+  /// values): GradiVeQ and the LGC autoencoder (Eigen reduces in another
+  /// order under AVX2/FMA), sa_momentum.
+  std::vector<std::pair<std::string, std::vector<float>>> approx;
   /// Addresses of the unit's copies of the kernels (name, address).
   std::vector<std::pair<std::string, const void*>> functions;
 };

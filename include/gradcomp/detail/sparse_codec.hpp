@@ -17,6 +17,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 inline void check_sparse_ratio(double ratio_percent, const char* who) {
   if (!(ratio_percent > 0.0 && ratio_percent <= 100.0))
@@ -79,4 +80,5 @@ inline std::vector<float> read_finite_floats(wire::reader& r, std::uint64_t n, c
   return v;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::detail

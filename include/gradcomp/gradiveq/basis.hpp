@@ -42,6 +42,7 @@ struct gradiveq_options {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The basis of one group of slices [first, first + count).
 struct gradiveq_basis_block {
@@ -193,6 +194,7 @@ inline void read_gradiveq_basis(wire::reader& r, gradiveq_basis_block& b, std::s
   for (float x : b.basis) reader::check(std::isfinite(x), "gradiveq state: non-finite basis");
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

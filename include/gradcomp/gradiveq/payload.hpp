@@ -21,6 +21,7 @@ namespace gradcomp {
 /// compressors disagree, so summing or decoding would silently be wrong.
 class fingerprint_mismatch_error : public state_error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   fingerprint_mismatch_error(const std::string& where, std::uint32_t expected, std::uint32_t actual)
       : state_error(where + ": basis fingerprint mismatch (expected " + hex(expected) + ", got " + hex(actual) +
                     "): the nodes' GradiVeQ compressors differ"),
@@ -30,6 +31,7 @@ class fingerprint_mismatch_error : public state_error {
   std::uint32_t actual() const noexcept { return actual_; }
 
  private:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static std::string hex(std::uint32_t v) {
     static const char* digits = "0123456789abcdef";
     std::string s = "0x00000000";
@@ -67,6 +69,7 @@ struct gradiveq_payload {
 
   std::uint64_t element_count() const noexcept { return length; }
   std::size_t body_size() const noexcept { return fixed_body_size + 4 * (coefficients.size() + tail.size()); }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<std::uint32_t>(fingerprint);
     w.put<std::uint32_t>(count);
@@ -78,6 +81,7 @@ struct gradiveq_payload {
   }
   /// Validates everything the payload can say about itself (non-finite values
   /// included: wire_errc::malformed_body); the codec checks the rest (fingerprint, d per slice, position in its layer) on use.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static gradiveq_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     gradiveq_payload p;

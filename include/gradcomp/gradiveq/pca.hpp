@@ -28,6 +28,7 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Eq. 6: the smallest d such that the d largest eigenvalues hold at least
 /// 1 - lambda of the total, given `eigenvalues` sorted in descending order
 /// (negative values, rounding noise of a PSD spectrum, count as 0).
@@ -53,6 +54,7 @@ inline std::size_t select_dimension(std::span<const double> eigenvalues, double 
   return eigenvalues.size();  // unreachable in exact arithmetic: captured == total at the end
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 /// How the PCA eigenvectors are computed (both give the same subspace).
 enum class pca_solver : std::uint8_t {
   automatic = 0,   ///< Gram when the sample rows R <= K, covariance otherwise
@@ -61,6 +63,7 @@ enum class pca_solver : std::uint8_t {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Eigenvalues below this fraction of the largest are rounding noise of a
 /// rank-deficient covariance (float inputs carry ~1e-15 relative energy of
@@ -168,6 +171,7 @@ class pca_decomposition {
   std::size_t available_ = 0;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -14,6 +14,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Writes the option block: `for_each_option(visit)` calls visit(name, value)
 /// for every option, in the block's order, with a wire scalar `value`.
@@ -39,4 +40,5 @@ void expect_saved_options(wire::reader& r, ForEachOption&& for_each_option, cons
   });
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::detail

@@ -19,12 +19,14 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// A node's vote for "the basis is stale": its relative eq. 7 loss exceeds the threshold.
 inline bool stale_vote(const local_loss_value& v, double threshold) noexcept { return v.relative() > threshold; }
 
 /// The majority rule of Sec. 3 (L_c): more than half of the `nodes` voted stale.
 inline bool majority_stale(std::size_t stale_nodes, std::size_t nodes) noexcept { return 2 * stale_nodes > nodes; }
 
+GRADCOMP_ABI_NAMESPACE_END
 /// The phase an iteration of GradiVeQ training is in (Sec. 3, Fig. 6).
 enum class gradiveq_phase : std::uint8_t {
   warmup = 0,      ///< uncompressed aggregation, no sampling (stabilises the model)
@@ -64,6 +66,7 @@ struct gradiveq_step {
   bool ended_early = false;  ///< L_c ended early on the eq. 7 majority vote
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The GradiVeQ iteration schedule (Sec. 3, Fig. 6): warm-up, then cycles of
 /// L_t sampling iterations and L_c compressed iterations, L_c possibly ended
 /// early when a majority of nodes see a large eq. 7 loss. A state machine
@@ -233,4 +236,5 @@ class gradiveq_schedule {
   std::size_t stale_run_ = 0;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

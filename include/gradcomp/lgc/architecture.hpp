@@ -47,6 +47,7 @@ struct lgc_architecture {
   std::size_t reduction() const noexcept { return std::size_t{1} << depth(); }
 
   /// Throws invalid_argument_error unless the shapes are consistent.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void validate() const {
     if (encoder_channels.empty() || encoder_channels.size() > 16)
       throw invalid_argument_error("lgc_architecture: 1 to 16 stride-2 encoder layers required");
@@ -77,9 +78,11 @@ enum class lgc_form : std::uint8_t {
 inline constexpr std::uint16_t lgc_weights_version = 1;
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 inline constexpr std::uint8_t lgc_kind_index = 1;
 inline constexpr std::uint8_t lgc_kind_code = 2;
 inline constexpr std::uint8_t lgc_kind_weights = 3;
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -17,6 +17,7 @@
 namespace gradcomp {
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// raw DEFLATE (zlib, windowBits -15) of `raw`.
 [[nodiscard]] inline std::vector<std::byte> lgc_deflate(std::span<const std::byte> raw, int level) {
@@ -60,6 +61,7 @@ namespace detail {
 /// DEFLATE cannot expand data by more than this factor (1032:1) plus a constant.
 inline constexpr std::uint64_t lgc_max_inflate_ratio = 1032;
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -21,6 +21,7 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The LGC autoencoder: encoder E_c and 1 (ring) or K (parameter server)
 /// decoders D_c^k. T is float in use; double for the gradient checks.
 /// Signals are windows of `window` values (nn1d::tensor, 1 channel); a
@@ -327,6 +328,7 @@ class basic_lgc_network {
   std::vector<nn1d::sequential<T>> bodies_, heads_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 /// The network in use (float).
 using lgc_network = basic_lgc_network<float>;
 

@@ -47,6 +47,7 @@ struct lgc_code_payload {
            4 * (scales.size() + codes.size());
   }
   /// Throws invalid_argument_error unless the fields agree.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void validate() const {
     if (value_count == 0 || window == 0 || code_per_window == 0)
       throw invalid_argument_error("lgc_code_payload: empty value count, window or code");
@@ -56,6 +57,7 @@ struct lgc_code_payload {
     if (!scales.empty() && scales.size() != windows())
       throw invalid_argument_error("lgc_code_payload: one scale per window required");
   }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     validate();
     w.put<std::uint8_t>(detail::lgc_kind_code);
@@ -65,6 +67,7 @@ struct lgc_code_payload {
     w.put_array<float>(scales);
     w.put_array<float>(codes);
   }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static lgc_code_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     using wire::wire_errc;
@@ -130,6 +133,7 @@ struct lgc_index_payload {
   }
 
   /// Throws invalid_argument_error unless the index lists are well formed.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void validate() const {
     if (indices.size() != layer_lengths.size())
       throw invalid_argument_error("lgc_index_payload: one index list per layer required");
@@ -147,6 +151,7 @@ struct lgc_index_payload {
   }
 
   /// Computes the DEFLATE stream from `indices` (zlib level 0-9, -1 default).
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void pack(int level = 6) {
     validate();
     std::vector<std::byte> raw;
@@ -164,6 +169,7 @@ struct lgc_index_payload {
     is_packed = true;
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   std::size_t body_size() const {
     if (!is_packed) throw state_error("lgc_index_payload: pack() was not called");
     std::size_t n = 1 + wire::varint_size(layer_lengths.size());
@@ -172,6 +178,7 @@ struct lgc_index_payload {
     return n + wire::varint_size(scales.size()) + 4 * scales.size() + wire::varint_size(raw_length) +
            wire::varint_size(packed.size()) + packed.size();
   }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     if (!is_packed) throw state_error("lgc_index_payload: pack() was not called");
     w.put<std::uint8_t>(detail::lgc_kind_index);
@@ -186,6 +193,7 @@ struct lgc_index_payload {
     w.put_varint(packed.size());
     w.put_bytes(packed);
   }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static lgc_index_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     using wire::wire_errc;

@@ -77,6 +77,7 @@ struct lgc_options {
 
   /// Throws invalid_argument_error on an option outside its domain, or a
   /// tag_base whose tags leave [0, 32767] or reach another piece's range.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void validate() const {
     if (!(alpha_percent > 0.0 && alpha_percent <= 100.0))
       throw invalid_argument_error("lgc: alpha must be in (0, 100] percent");
@@ -103,6 +104,7 @@ enum class lgc_layer_role : std::uint8_t {
   topk = 2,         ///< top-k values sent as they are (the last layer)
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Which layers are dense, autoencoded or top-k only, their top-k counts and
 /// where each layer's values sit in the autoencoder's input vector.
 struct lgc_layout {
@@ -160,6 +162,7 @@ struct lgc_layout {
   [[nodiscard]] std::size_t windows(std::size_t window) const noexcept { return detail::lgc_window_count(mu, window); }
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 /// Bytes of one node (or one run) for the compression-ratio accounting.
 ///  - original_bytes: the float32 gradient the node would send uncompressed (4 n per iteration);
 ///  - payload_bytes: wire::serialized_size of every payload the node produced,

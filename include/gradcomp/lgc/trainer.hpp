@@ -24,6 +24,7 @@ enum class lgc_optimizer : std::uint8_t {
   adam = 1,  ///< Adam (Kingma & Ba); converges faster on small budgets
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Online training of an LGC network (Section V-B): one step per training
 /// iteration on that iteration's vectors (batch 1; the iteration's windows
 /// form the minibatch). Steps are transactional: inputs are checked finite
@@ -176,6 +177,7 @@ class basic_lgc_trainer {
   T last_loss_ = T(0);
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 using lgc_trainer = basic_lgc_trainer<float>;
 
 }  // namespace gradcomp

@@ -16,6 +16,7 @@
 namespace gradcomp {
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Number of windows for n values: ceil(n / w).
 [[nodiscard]] inline std::size_t lgc_window_count(std::size_t n, std::size_t w) noexcept { return (n + w - 1) / w; }
@@ -55,6 +56,7 @@ void lgc_to_windows(std::span<const V> values, std::span<const float> scales, st
   }
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -8,6 +8,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Leaky ReLU: y = x for x > 0, a x otherwise (He et al., seed 004 ref. [52]).
 template <class T>
@@ -39,6 +40,7 @@ class leaky_relu {
   tensor<T> cache_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

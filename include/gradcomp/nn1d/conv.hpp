@@ -18,6 +18,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -280,6 +281,7 @@ class conv_transpose1d : public detail::conv_geometry {
   matrix<T> col_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

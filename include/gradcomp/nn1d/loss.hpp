@@ -13,6 +13,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 // ---------------------------------------------------------------------------
 // Losses. The paper writes squared L2 norms (eqs. 5, 6, 11); gradcomp divides
@@ -63,6 +64,7 @@ T similarity_loss(const matrix<T>& codes, index_type blocks, matrix<T>* grad) {
   return static_cast<T>(std::max(0.0, loss));
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

@@ -13,6 +13,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 // ---------------------------------------------------------------------------
 // Optimisers. They hold per-parameter state, so one optimiser serves one
@@ -95,6 +96,7 @@ class adam {
   std::vector<std::vector<T>> m_, v_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

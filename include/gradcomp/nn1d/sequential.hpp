@@ -18,6 +18,7 @@
 #include <gradcomp/nn1d/tensor.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 template <class T>
 using layer = std::variant<conv1d<T>, conv_transpose1d<T>, leaky_relu<T>>;
@@ -151,6 +152,7 @@ class sequential {
   tensor<T> grad_a_, grad_b_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

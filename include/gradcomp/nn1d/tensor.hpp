@@ -10,7 +10,10 @@
 
 #include <Eigen/Core>
 
+#include <gradcomp/abi.hpp>
+
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 using index_type = Eigen::Index;
 /// Column-major dynamic matrix.
@@ -42,6 +45,7 @@ struct parameter_ref {
   std::span<T> grad;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

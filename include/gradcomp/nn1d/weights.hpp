@@ -20,6 +20,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::nn1d {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 // ---------------------------------------------------------------------------
 // Weights in the wire container.
@@ -187,6 +188,7 @@ template <class T>
   return true;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::nn1d
 
 #include <gradcomp/nn1d/detail/warnings_pop.hpp>

@@ -56,6 +56,7 @@ struct sparse_coo_payload {
   std::size_t nnz() const noexcept { return indices.size(); }
 
   /// Bytes of the index block as delta+varint.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   std::size_t delta_varint_index_bytes() const noexcept {
     std::size_t bytes = 0;
     std::uint32_t prev = 0;
@@ -68,6 +69,7 @@ struct sparse_coo_payload {
   /// Bytes of the index block as a bitmap.
   std::size_t bitmap_index_bytes() const noexcept { return static_cast<std::size_t>((length + 7) / 8); }
   /// The encoding write_body uses.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   index_encoding encoding() const noexcept {
     if (forced_encoding) return *forced_encoding;
     return bitmap_index_bytes() < delta_varint_index_bytes() ? index_encoding::bitmap : index_encoding::delta_varint;
@@ -75,6 +77,7 @@ struct sparse_coo_payload {
 
   /// Throws invalid_argument_error unless the payload is well formed
   /// (sizes agree, indices strictly increasing and < length <= 2^32-1).
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void validate() const {
     if (indices.size() != values.size())
       throw invalid_argument_error("sparse_coo_payload: " + std::to_string(indices.size()) + " indices but " +
@@ -90,12 +93,14 @@ struct sparse_coo_payload {
     }
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   std::size_t body_size() const noexcept {
     const std::size_t index_bytes =
         encoding() == index_encoding::bitmap ? bitmap_index_bytes() : delta_varint_index_bytes();
     return 1 + wire::varint_size(indices.size()) + index_bytes + values.size() * sizeof(float);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     validate();
     const index_encoding enc = encoding();
@@ -115,6 +120,7 @@ struct sparse_coo_payload {
     w.put_array<float>(values);
   }
 
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static sparse_coo_payload read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     using wire::wire_errc;
@@ -169,6 +175,7 @@ struct sparse_coo_payload {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// out = decode(p) (Add: out += decode(p)), after checking sizes and the payload.
 template <bool Add>
@@ -190,6 +197,7 @@ inline void check_sparse_length(std::size_t n, const char* who) {
     throw invalid_argument_error(std::string(who) + ": layers are limited to 2^32-1 elements (32-bit indices)");
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstddef>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/system/topk.hpp>
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// k = max(1, ceil(R/100 * n)), at most n (0 when n == 0): the entries sent
 /// per step for R percent (DGS Table 1). R*n/100 is computed in double; a
 /// value within 1e-9 (relative) of an integer counts as that integer, so
@@ -28,4 +30,5 @@ inline std::size_t sparse_selection_count(std::size_t n, double ratio_percent) n
   return std::min(k, n);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

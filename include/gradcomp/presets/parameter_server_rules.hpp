@@ -31,6 +31,7 @@ namespace gradcomp {
 // Worker update rules: the four rows of seed 001 Table 5
 
 namespace presets_detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Layer j's sampling seed under a rule's `seed`: distinct layers draw
 /// distinct samples.
 inline std::uint64_t layer_seed(std::uint64_t seed, std::size_t layer) noexcept {
@@ -47,6 +48,7 @@ Options sparse_rule_options(const Rule& rule, std::size_t layer) {
   o.seed = layer_seed(rule.seed, layer);
   return o;
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace presets_detail
 
 /// ASGD (Table 5 row 1): the dense gradient eta * grad, no momentum, no

@@ -21,6 +21,7 @@
 namespace gradcomp {
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// A Transport that counts the bytes handed to isend (for lgc_traffic::wire_bytes).
 template <Transport T>
@@ -168,6 +169,7 @@ std::size_t lgc_send(T& t, int peer, int tag, const P& p) {
 /// Wire bytes of a dense_payload of n floats (0 when nothing is sent).
 inline std::size_t lgc_dense_bytes(std::size_t n) { return n ? wire::header_size + 4 * n : 0; }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -24,9 +24,11 @@ namespace gradcomp {
 
 /// Tags (offsets from options.tag_base) of the parameter-server messages.
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 inline constexpr int lgc_ps_up_dense = 10, lgc_ps_up_last = 11, lgc_ps_up_sparse = 12, lgc_ps_up_index = 13,
                      lgc_ps_up_code = 14, lgc_ps_down = 15, lgc_ps_weights = 16;
-}
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
 
 /// One worker of the LGC parameter-server form (Section IV-A, Algorithm 1,
 /// Fig. 8). Workers are ranks 0..K-1, the server rank K.

@@ -70,6 +70,7 @@ struct default_codec_factory {
 };
 
 namespace ps_detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// A decode-only stand-in for the sparse codecs: sparse_coo_payload describes
 /// itself, so the server needs no codec state (a sparsifier would hold a
@@ -193,6 +194,7 @@ void send(T& t, int dest, int tag, std::vector<std::byte>&& bytes) {
   h.wait();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace ps_detail
 
 /// The default downlink of the synchronous server (sync_ps_server,

@@ -28,6 +28,7 @@ inline constexpr int ps_default_tag_up = tags::parameter_server.first;
 inline constexpr int ps_default_tag_down = tags::parameter_server.first + 1;
 static_assert(ps_default_tag_up == 31000 && ps_default_tag_down == 31001, "the parameter servers' tags are fixed");
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Checks a server's or worker's tags: non-negative, distinct, and each inside
 /// [0, 32767] and out of every other piece's range of the tag registry
 /// (tags::check_tag_base). Throws invalid_argument_error naming `who`.
@@ -38,6 +39,7 @@ inline void ps_check_tags(int tag_up, int tag_down, const char* who) {
   tags::check_tag_base(tags::parameter_server, tag_down, 1, who);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 /// What a control message says.
 enum class ps_kind : std::uint8_t {
   join = 1,       ///< worker -> server: (re)join; answered by a dense resync
@@ -73,6 +75,7 @@ struct ps_control {
 
   std::uint64_t element_count() const noexcept { return elements; }
   std::size_t body_size() const noexcept { return body_bytes; }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<std::uint8_t>(protocol_id);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(kind));
@@ -84,6 +87,7 @@ struct ps_control {
     w.put<std::uint64_t>(sequence);
     w.put<std::uint64_t>(timestamp);
   }
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static ps_control read_body(wire::reader& r, const wire::header& h) {
     using wire::reader;
     ps_control c;
@@ -116,6 +120,7 @@ struct ps_control {
   }
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Size of the wire message at the front of `bytes` (header plus declared
 /// body), checked against the bytes present; the message itself is validated
 /// by wire::parse afterwards.
@@ -224,4 +229,5 @@ class ps_frame_builder {
   std::vector<std::byte> tmp_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

@@ -35,6 +35,7 @@ namespace gradcomp {
 /// others' aggregate should the caller want it knowingly.
 class ps_push_rejected_error : public error {
  public:
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   explicit ps_push_rejected_error(const ps_sync_result& r)
       : error("sync_ps_worker::exchange: the server rejected this worker's push in round " + std::to_string(r.round) +
               " (" + std::to_string(r.contributors) + " other workers contributed); the gradient is unchanged"),

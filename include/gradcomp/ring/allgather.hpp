@@ -23,6 +23,7 @@
 namespace gradcomp {
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// All-gather of whole-vector payloads with decode-and-sum (see ring_allgather_decode).
 template <class Policy, class T, class C>
@@ -96,8 +97,10 @@ ring_stats ring_allgather_impl(T& t, C& codec, std::span<float> data, const ring
   return st;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// All-gather of payloads with local decode-and-sum: every rank encodes its
 /// whole vector once with `codec` (its residual, if any, is its own
 /// gradient's), the N payloads go round the ring in N-1 steps (each forwarded
@@ -136,4 +139,5 @@ ring_stats ring_allreduce(T& t, C& codec, std::span<float> data, const ring_opti
   return ring_allreduce(execution::seq{}, t, codec, data, options);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

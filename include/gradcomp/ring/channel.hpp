@@ -20,6 +20,7 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Upper bound on the body of one non-linear payload of `elements` floats
 /// that the re-encode and all-gather forms accept before parsing (16 bytes
 /// per element plus 4 KiB: above every codec of the library, dense included;
@@ -29,7 +30,9 @@ inline constexpr std::size_t ring_payload_body_limit(std::size_t elements) noexc
                                                                           : 16 * elements + 4096;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 inline std::string ring_where(const char* who, int self, int segment, int source, const char* phase, int step) {
   return std::string(who) + ": rank " + std::to_string(self) + ", segment " + std::to_string(segment) +
@@ -127,6 +130,7 @@ void ring_all_gather_phase(ring_channel<T>& ch, const ring_schedule& ring, int t
   ch.finish();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

@@ -21,6 +21,7 @@
 namespace gradcomp {
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Bytes of a float span, copied into a new buffer (no zero-fill first).
 inline std::vector<std::byte> ring_bytes_of(std::span<const float> x) {
@@ -181,8 +182,10 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
   for (auto& h : sends) h.wait();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Sums (or averages, options.average) `data` in place across all ranks of `t`
 /// with a ring all-reduce; additions use add_into(Policy{}, ...) from the
 /// policy's kernels. A ZeroCopyTransport (MPI) sends from and receives into
@@ -205,4 +208,5 @@ void ring_allreduce(T& t, std::span<float> data, const ring_options& options = {
   ring_allreduce(execution::seq{}, t, data, options);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

@@ -90,6 +90,7 @@ struct ring_no_observer {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Validates a codec's segment bounds against the vector and the ring.
 inline std::vector<std::size_t> ring_checked_bounds(std::vector<std::size_t> b, std::size_t length, int parts,
@@ -209,8 +210,10 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   return st;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Algorithm 1 of seed 002: the pipelined ring all-reduce in the compressed
 /// domain of a LinearCodec, in place on `data` (every rank passes the same
 /// length and an identically configured codec: same basis).
@@ -254,4 +257,5 @@ ring_stats ring_allreduce_linear(T& t, C& codec, std::span<float> data, const ri
   return detail::ring_linear_impl<execution::seq>(t, codec, data, options, on_encode);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

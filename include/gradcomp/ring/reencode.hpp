@@ -21,6 +21,7 @@
 
 namespace gradcomp {
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// One codec per ring segment of a vector of `length` floats over `size`
 /// ranks, for ring_allreduce_reencode: element j is make(j, length of segment j).
 template <class Make>
@@ -33,7 +34,9 @@ auto make_ring_codecs(int size, std::size_t length, Make&& make) {
   return out;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Decode-add-re-encode at every hop (see ring_allreduce_reencode).
 template <class Policy, class T, class C>
@@ -116,8 +119,10 @@ ring_stats ring_reencode_impl(T& t, std::span<C> codecs, std::span<float> data, 
   return st;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Fig. 2a): equal float segments (ring_schedule); at each reduce-scatter hop
 /// a rank decodes the incoming partial sum, adds its own raw segment,
 /// re-encodes and forwards; the rank completing a segment encodes the
@@ -155,4 +160,5 @@ ring_stats ring_allreduce_reencode(T& t, Codecs& codecs, std::span<float> data, 
   return ring_allreduce_reencode(execution::seq{}, t, codecs, data, options);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp

@@ -34,6 +34,7 @@ struct ring_options {
   tags::tag_range tag_owner = tags::ring;
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The bookkeeping of a ring over N ranks and a vector of `length` elements:
 /// the segment bounds and which segment rank r sends and receives at each step.
 /// Shared by the plain ring and the compressed forms (Algorithm 1 of seed 002).
@@ -100,7 +101,9 @@ class ring_schedule {
   std::size_t extra_ = 0;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Throws invalid_argument_error unless tags tag_base and tag_base + 1 are in
 /// [0, 32767] and collide with no registered range but options.tag_owner's.
@@ -114,6 +117,7 @@ inline void ring_average(std::span<float> owned, int n) noexcept {
   for (float& v : owned) v /= divisor;
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

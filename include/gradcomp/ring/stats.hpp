@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <utility>
 
+#include <gradcomp/abi.hpp>
+
 namespace gradcomp {
 
 /// What one rank did in one call of a compressed ring form. Bytes count the
@@ -28,6 +30,7 @@ struct ring_stats {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 using ring_clock = std::chrono::steady_clock;
 
@@ -43,6 +46,7 @@ inline double ring_seconds_since(ring_clock::time_point t0) {
   return std::chrono::duration<double>(ring_clock::now() - t0).count();
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
 }  // namespace gradcomp

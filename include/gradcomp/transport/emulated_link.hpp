@@ -65,6 +65,7 @@ struct link_model {
   std::chrono::nanoseconds latency = std::chrono::microseconds(0);  ///< one-way, added after the last bit
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The state shared by the emulated links of all ranks: the model, each
 /// rank's link schedule, the delivery times of messages in flight, and the
 /// per-rank byte counters.
@@ -337,4 +338,5 @@ class emulated_link {
   emulated_network* net_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport

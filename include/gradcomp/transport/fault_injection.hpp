@@ -71,6 +71,7 @@ using send_filter = std::function<bool(const send_info&)>;
 
 /// Ready-made filters; combine them with lambdas.
 namespace faults {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 inline send_filter every_send() {
   return [](const send_info&) { return true; };
 }
@@ -83,6 +84,7 @@ inline send_filter sends_to(int dest) {
 inline send_filter with_tag(int tag) {
   return [tag](const send_info& s) { return s.tag == tag; };
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace faults
 
 /// Counts of the faults a fault_injecting decorator has applied.
@@ -95,6 +97,7 @@ struct fault_stats {
   bool killed = false;
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The faults one rank's fault_injecting applies: a list of rules plus an
 /// optional kill point. Copyable; each decorator works on its own copy.
 class fault_plan {
@@ -176,7 +179,9 @@ class fault_plan {
   std::optional<std::uint64_t> kill_after_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// SplitMix64 step: a well-mixed 64-bit hash.
 constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   x += 0x9E3779B97F4A7C15ull;
@@ -184,8 +189,10 @@ constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Transport decorator applying a fault_plan to the sends of one rank.
 /// Satisfies Transport; see the file comment.
 template <class T>
@@ -322,4 +329,5 @@ class fault_injecting {
   fault_stats stats_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport

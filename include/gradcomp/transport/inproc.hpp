@@ -58,6 +58,7 @@ struct inproc_options {
 };
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 struct inproc_recv_state {
   int source = any_source;  // requested source (or any_source)
@@ -121,8 +122,10 @@ inline std::string peer_name(int source) {
   return source == any_source ? std::string("any rank") : "rank " + std::to_string(source);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Handle of an inproc send. The buffer is in the destination's mailbox by the
 /// time isend returns, so the handle is always complete.
 class inproc_send_handle {
@@ -440,4 +443,5 @@ void run_workers(int n, Fn&& fn, inproc_options options = {}) {
   fabric.run(std::forward<Fn>(fn));
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport

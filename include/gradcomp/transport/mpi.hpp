@@ -71,6 +71,7 @@ namespace gradcomp::transport {
 inline constexpr bool mpi_simulated = GRADCOMP_MPI_SIMULATED != 0;
 
 namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The clock of every deadline: MPI_Wtime, which is simulated time under SMPI
 /// (a simulated collective may take minutes of real time) and a monotonic
@@ -117,8 +118,10 @@ class poll_backoff {
   int sleep_us_ = 5;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Owns MPI_Init_thread / MPI_Finalize for programs that want gradcomp to do it.
 /// Does nothing if MPI is already initialised (and then does not finalise it).
 class mpi_environment {
@@ -148,6 +151,7 @@ class mpi_environment {
   int provided_ = MPI_THREAD_MULTIPLE;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 /// Options of mpi_transport.
 struct mpi_transport_options {
   /// How long wait() may block before throwing timeout_error (measured with
@@ -157,6 +161,7 @@ struct mpi_transport_options {
   std::chrono::milliseconds timeout{mpi_simulated ? std::chrono::milliseconds(0) : std::chrono::milliseconds(120000)};
 };
 
+GRADCOMP_ABI_NAMESPACE_BEGIN
 /// A gradcomp::Transport over a duplicate of an MPI communicator.
 class mpi_transport {
  public:
@@ -524,6 +529,7 @@ class mpi_transport {
 
 static_assert(ZeroCopyTransport<mpi_transport>);
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport
 
 namespace gradcomp {
