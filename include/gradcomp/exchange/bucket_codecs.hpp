@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/model.hpp>
@@ -22,6 +23,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The type-erased bucket codec the bucket layer holds (it meets BucketCodec;
 /// `bucket_codec_model<B>` wraps any other type that does). Beyond the
@@ -300,4 +302,5 @@ class gather_bucket final : public bucket_codec {
   std::vector<std::size_t> bytes_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/dense.hpp>
 #include <gradcomp/exchange/bucket_codecs.hpp>
 #include <gradcomp/exchange/contract.hpp>
@@ -37,6 +38,7 @@
 #include <gradcomp/two_bit.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// What every rank does when some rank cannot take part in a step.
 enum class failure_policy : std::uint8_t {
@@ -517,4 +519,5 @@ class bucket_layer {
   step_report report_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

@@ -17,12 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/tags.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// What one rank's collectives did (accumulated over a step).
 struct wire_counters {
@@ -168,4 +170,5 @@ struct ring_collectives {
   }
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

@@ -26,9 +26,11 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The collective of one round.
 enum class round_op : std::uint8_t {
@@ -189,4 +191,5 @@ concept BucketCodec = requires(B& b, const B& cb, const step_context& ctx, std::
   { b.restore_state(state) } -> std::same_as<void>;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

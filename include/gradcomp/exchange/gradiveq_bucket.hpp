@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/exchange/bucket_codecs.hpp>
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/model.hpp>
@@ -23,6 +24,7 @@
 #include <gradcomp/qsgd.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The GradiVeQ state shared by a plan's GradiVeQ buckets: the schedule and
 /// this step's eq. 7 loss summed over every GradiVeQ layer of this rank.
@@ -233,4 +235,5 @@ class gradiveq_bucket final : public bucket_codec {
   std::vector<std::size_t> bytes_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
@@ -23,6 +24,7 @@
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// One layer of the model: its name, its gradient's shape, and the rank of
 /// its tensor (1 for biases and norm weights; 0 when unknown).
@@ -270,4 +272,5 @@ inline std::uint64_t mixed_seed(std::uint64_t plan_seed, std::uint64_t codec_see
   return x ^ (x >> 31);
 }
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange

@@ -12,12 +12,14 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/abi.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/exchange/bucket_layer.hpp>
 #include <gradcomp/exchange/collectives.hpp>
 #include <gradcomp/tags.hpp>
 
 namespace gradcomp::exchange {
+GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Options of model_exchange.
 struct exchange_options {
@@ -101,4 +103,5 @@ class model_exchange {
   step_stats stats_;
 };
 
+GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange
