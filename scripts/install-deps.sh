@@ -12,6 +12,7 @@ packages=(
   libxsimd-dev                                        # gradcomp::simd
   libthrust-dev                                       # gradcomp::thrust (OpenMP device system)
   libopenmpi-dev openmpi-bin                          # gradcomp::mpi, mpirun for the MPI tests
+  libsimgrid-dev                                      # smpicxx/smpirun: the MPI tests under SimGrid SMPI (label smpi)
   doctest-dev                                         # unit tests
   python3 python3-venv                                # packaging.conan: a venv with the Conan 2 client from PyPI
   zlib1g-dev libzstd-dev libcli11-dev                 # examples
