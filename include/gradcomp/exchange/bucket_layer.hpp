@@ -52,7 +52,9 @@ struct pending_round {
   std::size_t index = 0;         ///< round of that bucket
   round_spec spec;               ///< length includes the control block when carries_control
   bool carries_control = false;  ///< the step's first round: the control block rides in it
-  std::span<float> buffer;       ///< sum/max: reduce it in place across the ranks
+  /// sum/max: reduce it in place across the ranks, as summable cells of
+  /// spec.element (payloads/summable.hpp: pack, reduce in that type, unpack).
+  std::span<float> buffer;
   std::vector<std::byte> payload;  ///< all_gather: this rank's bytes
 };
 
@@ -163,16 +165,18 @@ class bucket_layer {
       own_bytes(cursor_.bucket, round_.payload.size());
       rounds_.emplace_back();
     } else {
-      if (round_.spec.element != buffer_element::float32)
-        throw state_error("exchange::bucket_layer: only float32 buffers are implemented in this release");
+      // Any element type: the control block is encoded so that its sum (or
+      // max) with the other ranks' zeros stays exact (control_block::encode).
+      const buffer_element el = round_.spec.element;
       const std::size_t n = round_.spec.length;
-      rounds_.emplace_back(n + ctrl, 0.0f);
+      const std::size_t cells = round_.carries_control ? control_block::cells(el, ranks_) : 0;
+      rounds_.emplace_back(n + cells, 0.0f);  // zero cells: 0.0f, the word 0
       std::span<float> buf(rounds_.back());
       if (mine) b.contribute(cursor_.round, buf.first(n));
-      if (ctrl) std::memcpy(buf.data() + n, control_.data(), ctrl * sizeof(float));
-      round_.spec.length = n + ctrl;
+      if (cells) control_block::encode(el, control_, buf.subspan(n));
+      round_.spec.length = n + cells;
       round_.buffer = buf;
-      own_bytes(cursor_.bucket, buf.size() * sizeof(float));
+      own_bytes(cursor_.bucket, buf.size() * element_bytes(el));
     }
     ++report_.rounds;
     report_.encode_seconds += seconds_since(t0);
@@ -183,16 +187,34 @@ class bucket_layer {
   void complete_round() {
     require_round(false);
     const auto t0 = clock::now();
-    const std::size_t ctrl = round_.carries_control ? control_.size() : 0;
+    const buffer_element el = round_.spec.element;
+    const std::size_t ctrl = round_.carries_control ? control_block::cells(el, ranks_) : 0;
     const std::span<const float> all(round_.buffer);
-    if (ctrl && !agree(all.last(ctrl))) return;
+    if (ctrl) {
+      std::vector<float> block(control_.size());
+      control_block::decode(el, all.last(ctrl), block);
+      if (!agree(block)) return;
+    }
     const auto part = all.first(all.size() - ctrl);
-    if (round_.spec.check == after_reduce_check::finite && find_non_finite(Policy{}, part) != part.size()) {
-      fail({rank_failure{-1, failure_reason::non_finite_sum, -1}}, "the reduced buffer of bucket " +
-                                                                        std::to_string(round_.bucket) + " is not finite");
+    if (round_.spec.check == after_reduce_check::finite && !reduced_finite(el, part)) {
+      fail({rank_failure{-1, failure_reason::non_finite_sum, -1}},
+           "the reduced buffer of bucket " + std::to_string(round_.bucket) + " is not finite" +
+               (el == buffer_element::float32 ? "" : " (or saturated at the largest " + std::string(summable::to_string(el)) + ")"));
       return;
     }
-    buckets_[round_.bucket]->absorb(round_.index, part);
+    if (round_.spec.check == after_reduce_check::lane_range) {
+      // The codec's absorb checks the lanes; the reduced buffer is the same
+      // on every rank, so a lane out of range fails every rank alike.
+      try {
+        buckets_[round_.bucket]->absorb(round_.index, part);
+      } catch (const error& e) {
+        fail({rank_failure{-1, failure_reason::non_finite_sum, -1}},
+             "the reduced buffer of bucket " + std::to_string(round_.bucket) + " is out of range: " + e.what());
+        return;
+      }
+    } else {
+      buckets_[round_.bucket]->absorb(round_.index, part);
+    }
     advance();
     report_.decode_seconds += seconds_since(t0);
   }
@@ -380,6 +402,17 @@ class bucket_layer {
           break;
       }
     }
+  }
+
+  // after_reduce_check::finite: float32 finite; float16 / bfloat16 finite
+  // and below the type's largest value (a saturated sum is an overflow).
+  static bool reduced_finite(buffer_element el, std::span<const float> x) {
+    if (el == buffer_element::float32) return find_non_finite(Policy{}, x) == x.size();
+    if (el == buffer_element::int32_words) return true;
+    const float top = summable::max_finite(el);
+    bool ok = true;
+    for (const float v : x) ok &= std::fabs(v) < top;
+    return ok;
   }
 
   std::vector<std::span<const float>> layer_spans(std::span<const std::span<const float>> g, std::size_t b) const {
