@@ -181,22 +181,20 @@ class powersgd_compressor {
   std::span<const float> q_local() const noexcept { return q_w_; }
 
   /// Stage 1: M = gradient + E, P_w = M Q^ into p_out (p_length() floats).
-  /// Throws size_mismatch_error or non_finite_error before touching anything.
+  /// Throws size_mismatch_error, or non_finite_error naming the first index
+  /// where M is not finite (a NaN or Inf in the gradient, or an overflow of
+  /// G + E), before touching the state (p_out is then unspecified).
   void encode_p(std::span<const float> gradient, std::span<float> p_out) {
     if (gradient.size() != size()) throw size_mismatch_error("powersgd_compressor::encode_p: gradient", size(), gradient.size());
     if (p_out.size() != p_length()) throw size_mismatch_error("powersgd_compressor::encode_p: P", p_length(), p_out.size());
-    if (const auto bad = find_non_finite(Policy{}, gradient); bad != gradient.size())
-      throw non_finite_error("powersgd_compressor::encode_p", bad);
+    stage_ = 0;
     m_.resize(size());
-    if (o_.error_feedback) {
-      for (std::size_t i = 0; i < m_.size(); ++i) m_[i] = gradient[i] + residual_[i];
-    } else {
-      std::memcpy(m_.data(), gradient.data(), size() * sizeof(float));
-    }
     q_hat_ = q_;
     if (!o_.warm_start && steps_ > 0) draw_into(q_hat_, steps_);
     powersgd_orthonormalize(q_hat_, cols_, o_.rank);
-    powersgd_project(Policy{}, m_.data(), rows_, cols_, q_hat_.data(), o_.rank, p_out.data());
+    const std::size_t bad = powersgd_encode_p(Policy{}, gradient.data(), o_.error_feedback ? residual_.data() : nullptr,
+                                              m_.data(), rows_, cols_, q_hat_.data(), o_.rank, p_out.data());
+    if (bad != size()) throw non_finite_error("powersgd_compressor::encode_p", bad);
     stage_ = 1;
   }
 
@@ -225,8 +223,9 @@ class powersgd_compressor {
     if (out.size() != size()) throw size_mismatch_error("powersgd_compressor::decode: output", size(), out.size());
     if (const auto bad = find_non_finite(execution::seq{}, q_sum); bad != q_sum.size())
       throw non_finite_error("powersgd_compressor::decode: summed Q", bad);
-    powersgd_expand(Policy{}, p_hat_.data(), rows_, o_.rank, q_sum.data(), cols_, out.data());
-    if (o_.error_feedback) powersgd_residual(Policy{}, m_.data(), p_hat_.data(), rows_, o_.rank, q_w_.data(), cols_, residual_.data());
+    powersgd_decode(Policy{}, m_.data(), p_hat_.data(), rows_, o_.rank, q_sum.data(),
+                    o_.error_feedback ? q_w_.data() : nullptr, cols_, out.data(),
+                    o_.error_feedback ? residual_.data() : nullptr);
     q_.assign(q_sum.begin(), q_sum.end());
     ++steps_;
     stage_ = 0;
