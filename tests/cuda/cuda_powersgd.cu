@@ -1,7 +1,6 @@
 // PowerSGD under execution::thrust_cuda (cuBLAS products), part of the CUDA
 // check program (see test_cuda_thrust.cu): three steps of one layer on the
-// GPU next to the same steps with execution::seq (Eigen). Eigen's nvcc
-// diagnostics are silenced for this file as for cuda_gradiveq.cu.
+// GPU next to the same steps with execution::seq (the generic loops).
 #include <gradcomp/powersgd.hpp>
 
 #include "cuda_check.hpp"
