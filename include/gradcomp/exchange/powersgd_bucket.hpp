@@ -199,7 +199,12 @@ class powersgd_bucket final : public bucket_codec {
   }
 
   std::vector<std::size_t> layer_bytes() const override { return bytes_; }
-  std::string phase() const override { return compressed_ ? "powersgd:compressed" : "powersgd:start"; }
+  /// "powersgd:compressed" (two rounds), "powersgd:start" (the start
+  /// period's dense round) or "powersgd:dense" (no layer of the bucket is compressible).
+  std::string phase() const override {
+    if (compressed_) return "powersgd:compressed";
+    return p_total_ > 0 ? "powersgd:start" : "powersgd:dense";
+  }
 
   /// True when this step runs PowerSGD's two rounds (after the start period).
   bool compressed() const noexcept { return compressed_; }
