@@ -293,3 +293,41 @@ TEST_CASE("powersgd checkpoint: stopped at step k and resumed ends bit-identical
     CHECK_THROWS_AS(other.restore_state(saved[0]), gradcomp::layout_error);
   });
 }
+
+TEST_CASE("powersgd bucket without a compressible layer: one dense round, phase powersgd:dense") {
+  gx::model_description m;
+  m.add_matrix("thin", 3, 200).add_matrix("small", 8, 8);  // 2 r >= 3; 64 < min_elements
+  const int n = 2;
+  std::vector<gx::bucket_layer<>> layers;
+  for (int r = 0; r < n; ++r) layers.emplace_back(gx::plan(m, powersgd_options(2, 0)), r, n);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    std::vector<std::vector<std::vector<float>>> g(n);
+    for (int r = 0; r < n; ++r) {
+      g[std::size_t(r)] = gradients(m, r, step);
+      std::vector<std::span<const float>> in(g[std::size_t(r)].begin(), g[std::size_t(r)].end());
+      layers[std::size_t(r)].begin_step(in);
+    }
+    std::size_t rounds = 0;
+    for (;;) {
+      std::vector<gx::pending_round*> rs;
+      for (auto& l : layers) rs.push_back(l.next_round());
+      if (!rs[0]) break;
+      ++rounds;
+      CHECK(rs[0]->buffer.size() == 600 + 64 + gx::control_block::length(n));
+      std::vector<float> sum(rs[0]->buffer.size(), 0.0f);
+      for (auto* r : rs)
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r->buffer[i];
+      for (auto* r : rs) std::copy(sum.begin(), sum.end(), r->buffer.begin());
+      for (auto& l : layers) l.complete_round();
+    }
+    CHECK(rounds == 1);
+    auto out = g;
+    for (int r = 0; r < n; ++r) {
+      auto s = spans(out[std::size_t(r)]);
+      const auto rep = layers[std::size_t(r)].finish_step(s);
+      CHECK(rep.bucket_phase[0] == "powersgd:dense");
+    }
+    for (std::size_t k = 0; k < 600; ++k)
+      CHECK(out[0][0][k] == doctest::Approx((g[0][0][k] + g[1][0][k]) / 2.0f).epsilon(1e-6));
+  }
+}

@@ -87,6 +87,11 @@ TEST_CASE("powersgd: the matrix view of conv and 2-D layers, and the dense rule"
   CHECK(m.rows == 10);
   CHECK(m.cols == 784);
   CHECK(powersgd_view(layer_shape::dense(500)).rows == 0);  // 1-D: no view
+  const auto lin = layer_shape::matrix(10, 784);
+  CHECK(lin.kind == layer_kind::dense);  // every other codec sees a dense layer in framework order
+  CHECK(lin.size() == 7840);
+  CHECK_THROWS_AS(layer_shape::matrix(0, 5), invalid_argument_error);
+  CHECK_THROWS_AS(layer_shape::matrix(std::size_t(1) << 40, std::size_t(1) << 40), invalid_argument_error);
   powersgd_options o;
   o.rank = 2;
   o.min_elements = 1024;
