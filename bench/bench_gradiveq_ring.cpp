@@ -7,6 +7,11 @@
 //   4-bit QSGD ring            ring_allreduce_reencode: decode-add-re-encode at every hop
 //   top-1% all-gather          ring_allgather_decode with sparsifier_with_memory (R = 1%)
 //   4-bit QSGD all-gather      ring_allgather_decode with qsgd
+//   PowerSGD rank 2            powersgd.hpp on the slices x K matrix of the vector: two dense
+//                              ring_allreduce calls (the P's with the tail values appended,
+//                              then the Q's) around encode_p / encode_q / decode; warm start,
+//                              no error feedback (the runs repeat one input, so a residual would
+//                              pile up; its local cost is in bench_powersgd)
 //
 // Every time is the best of a few runs (rank 0's wall time between two
 // barriers of long-lived workers, so it includes the slowest rank), with the
@@ -18,11 +23,13 @@
 //
 // Optional argument: elements (default 11 * 2^20).
 // Ends with: RESULT gradiveq_ring_speedup_1gbit, gradiveq_ring_speedup_10gbit,
-// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit.
+// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit, powersgd_ring_speedup_1gbit,
+// powersgd_ring_rel_error_1gbit.
 #include "common.hpp"
 #include "conv_like_gradients.hpp"
 
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/powersgd.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -143,7 +150,41 @@ struct topk_allgather_op {
     return gradcomp::ring_allgather_decode(policy{}, t, c, data);
   }
 };
-
+// PowerSGD rank 2 (Vogels et al. 2019) on the rows x cols matrix of the
+// first rows * cols values (the slices of K): P summed with the tail values
+// in one dense ring, then Q; every rank orthonormalises the same summed P.
+struct powersgd_op {
+  std::size_t rows, cols, length;
+  gradcomp::powersgd_compressor<policy> make_state(int) const {
+    gradcomp::powersgd_options o;
+    o.rank = 2;
+    o.error_feedback = false;
+    o.seed = 7;
+    return gradcomp::powersgd_compressor<policy>(rows, cols, o);
+  }
+  template <class T>
+  ring_stats run(T& t, gradcomp::powersgd_compressor<policy>& c, std::span<float> data) const {
+    ring_stats st;
+    const auto t0 = gb::clock::now();
+    const std::size_t n = rows * cols, tail = length - n;
+    std::vector<float> p(c.p_length() + tail), q(c.q_length());
+    const auto e0 = gb::clock::now();
+    c.encode_p(data.first(n), std::span<float>(p).first(c.p_length()));
+    std::memcpy(p.data() + c.p_length(), data.data() + n, tail * sizeof(float));
+    st.encode_seconds += std::chrono::duration<double>(gb::clock::now() - e0).count();
+    gradcomp::ring_allreduce(policy{}, t, std::span<float>(p));
+    const auto e1 = gb::clock::now();
+    c.encode_q(std::span<const float>(p).first(c.p_length()), q);
+    st.encode_seconds += std::chrono::duration<double>(gb::clock::now() - e1).count();
+    gradcomp::ring_allreduce(policy{}, t, std::span<float>(q));
+    const auto d0 = gb::clock::now();
+    c.decode(q, data.first(n));
+    std::memcpy(data.data() + n, p.data() + c.p_length(), tail * sizeof(float));
+    st.decode_seconds = std::chrono::duration<double>(gb::clock::now() - d0).count();
+    st.seconds = std::chrono::duration<double>(gb::clock::now() - t0).count();
+    return st;
+  }
+};
 
 }  // namespace
 
@@ -325,6 +366,7 @@ int main(int argc, char** argv) {
   const qsgd_reencode_op q4;
   const qsgd_allgather_op q4ag;
   const topk_allgather_op topk{length};
+  const powersgd_op psgd{slices, K, length};
 
   // The uncompressed, GradiVeQ and QSGD-4 re-encode rings over `net` (nullptr:
   // the bare transport), each printed with its ratio to the uncompressed one.
@@ -347,7 +389,7 @@ int main(int argc, char** argv) {
   header(false);
   (void)measure_rings(nullptr, 0);
 
-  double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0;
+  double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0, psgd_speedup_1g = 0, psgd_error_1g = 0;
   const double rates[2] = {1e9, 10e9};
   for (int li = 0; li < 2; ++li) {
     const double rate = rates[li];
@@ -359,6 +401,8 @@ int main(int argc, char** argv) {
     print_row("QSGD-4 all-gather", qa, &u, rate);
     const auto tk = measure(&net, topk);
     print_row("top-1% all-gather", tk, &u, rate);
+    const auto ps = measure(&net, psgd);
+    print_row("PowerSGD r2 (2 rings)", ps, &u, rate);
     speedup[li] = u.seconds / g.seconds;
     std::printf("  GradiVeQ: %.1f ms measured; at least %.1f ms here (max of wire floor and CPU/%u); "
                 "uncompressed ring / that bound = %.2fx\n",
@@ -368,6 +412,8 @@ int main(int argc, char** argv) {
       for (auto w : g.wire) busiest = std::max(busiest, w);
       vs_floor_1g = g.seconds / (double(busiest) * 8.0 / rate);
       qsgd_speedup_1g = u.seconds / q.seconds;
+      psgd_speedup_1g = u.seconds / ps.seconds;
+      psgd_error_1g = ps.error;
     }
   }
 
@@ -390,5 +436,7 @@ int main(int argc, char** argv) {
   gb::result("gradiveq_ring_speedup_10gbit", speedup[1], "x");
   gb::result("gradiveq_ring_vs_wire_floor_1gbit", vs_floor_1g, "x");
   gb::result("qsgd4_ring_speedup_1gbit", qsgd_speedup_1g, "x");
+  gb::result("powersgd_ring_speedup_1gbit", psgd_speedup_1g, "x");
+  gb::result("powersgd_ring_rel_error_1gbit", psgd_error_1g, "");
   return 0;
 }

@@ -33,6 +33,7 @@
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
+#include <gradcomp/exchange/powersgd_bucket.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -381,6 +382,7 @@ class bucket_layer {
           out.push_back(std::move(g));
           break;
         }
+        case codec_kind::powersgd: out.push_back(std::make_unique<powersgd_bucket<Policy>>(plan_, b)); break;
         case codec_kind::two_bit:
           out.push_back(std::make_unique<gather_bucket<two_bit_quantizer<Policy>>>(
               "two_bit", lengths, [&](std::size_t, std::size_t n) { return two_bit_quantizer<Policy>(n, o.two_bit); }));

@@ -18,6 +18,7 @@
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/layout.hpp>
+#include <gradcomp/powersgd.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -50,6 +51,11 @@ class model_description {
   model_description& add_conv(std::string name, std::size_t f, std::size_t d, std::size_t h, std::size_t w) {
     return add(std::move(name), layer_shape::conv(f, d, h, w), 4);
   }
+  /// A 2-D weight [rows, cols] (a linear layer's [out_features, in_features]):
+  /// dense for every codec but PowerSGD, which views it as a rows x cols matrix.
+  model_description& add_matrix(std::string name, std::size_t rows, std::size_t cols) {
+    return add(std::move(name), layer_shape::matrix(rows, cols), 2);
+  }
   /// A tensor of n elements in framework order (`tensor_rank` 1 for a bias or norm weight).
   model_description& add_dense(std::string name, std::size_t n, std::size_t tensor_rank = 2) {
     return add(std::move(name), layer_shape::dense(n), tensor_rank);
@@ -70,6 +76,7 @@ enum class codec_kind : std::uint8_t {
   qsgd = 3,      ///< QSGD (4 bits by default): all-gather round
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
   custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
+  powersgd = 9,  ///< rank-r PowerSGD (Vogels et al. 2019): a sum round of the P's, then one of the Q's
 };
 
 /// A readable name of a codec kind.
@@ -81,6 +88,7 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::qsgd: return "qsgd";
     case codec_kind::top_k: return "top_k";
     case codec_kind::custom: return "custom";
+    case codec_kind::powersgd: return "powersgd";
   }
   return "unknown";
 }
@@ -125,6 +133,9 @@ struct plan_options {
   qsgd_options qsgd;                                   ///< seed mixed with rank and layer
   two_bit_options two_bit = two_bit_options::automatic();
   sparsifier_options top_k;                            ///< seed mixed with rank and layer
+  /// PowerSGD's options (rank, start period, dense rule); its seed is mixed
+  /// with the layer only, never the rank: every rank draws the same Q.
+  powersgd_options powersgd;
   std::uint64_t seed = 0;                              ///< mixed into every rounding stream
   /// The exchange returns the mean over ranks (true) or the sum.
   bool average = true;
@@ -181,7 +192,7 @@ class plan {
   // open bucket of its kind while the bucket stays within bucket_bytes.
   void make_buckets() {
     const std::size_t cap = opt_.bucket_bytes / sizeof(float);
-    std::vector<std::ptrdiff_t> open(6, -1);
+    std::vector<std::ptrdiff_t> open(std::size_t{1} << 8, -1);  // one slot per possible codec_kind value
     for (std::size_t i = 0; i < model_.size(); ++i) {
       const auto k = static_cast<std::size_t>(kinds_[i]);
       const std::size_t n = model_[i].shape.size();
@@ -250,6 +261,13 @@ class plan {
     w.put<std::uint8_t>(opt_.average ? 1 : 0);
     w.put<std::uint64_t>(opt_.custom_name.size());
     w.put_bytes(std::as_bytes(std::span<const char>(opt_.custom_name.data(), opt_.custom_name.size())));
+    // PowerSGD's options only when a layer uses it, so other plans keep their fingerprints.
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::powersgd) != kinds_.end()) {
+      const auto& ps = opt_.powersgd;
+      for (std::uint64_t v : {std::uint64_t(ps.rank), std::uint64_t(ps.error_feedback), std::uint64_t(ps.warm_start),
+                              ps.seed, std::uint64_t(ps.start_iter), std::uint64_t(ps.min_elements)})
+        w.put<std::uint64_t>(v);
+    }
     return wire::crc32c(0, bytes);
   }
 
