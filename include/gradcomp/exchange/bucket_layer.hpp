@@ -33,6 +33,7 @@
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
+#include <gradcomp/exchange/scalar_buckets.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -375,6 +376,9 @@ class bucket_layer {
           break;
         }
         case codec_kind::dense: out.push_back(std::make_unique<dense_bucket>(lengths)); break;
+        case codec_kind::fp16: out.push_back(std::make_unique<half_bucket<summable_element::float16>>(lengths)); break;
+        case codec_kind::bf16: out.push_back(std::make_unique<half_bucket<summable_element::bfloat16>>(lengths)); break;
+        case codec_kind::homomorphic: throw invalid_argument_error("exchange: homomorphic buckets: TODO (step 3)");
         case codec_kind::gradiveq: {
           auto g = std::make_unique<gradiveq_bucket<Policy>>(plan_, b, rank_, ranks_, *life);
           gradiveq_buckets_.push_back(g.get());

@@ -70,6 +70,9 @@ enum class codec_kind : std::uint8_t {
   qsgd = 3,      ///< QSGD (4 bits by default): all-gather round
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
   custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
+  fp16 = 6,      ///< IEEE binary16 (half.hpp): one sum round of a float16 buffer
+  bf16 = 7,      ///< bfloat16 (half.hpp): one sum round of a bfloat16 buffer
+  homomorphic = 8,  ///< agreed-scale integer quantizer (homomorphic.hpp): a max round, then a sum of int32 words
 };
 
 /// A readable name of a codec kind.
@@ -81,6 +84,9 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::qsgd: return "qsgd";
     case codec_kind::top_k: return "top_k";
     case codec_kind::custom: return "custom";
+    case codec_kind::fp16: return "fp16";
+    case codec_kind::bf16: return "bf16";
+    case codec_kind::homomorphic: return "homomorphic";
   }
   return "unknown";
 }
@@ -181,7 +187,7 @@ class plan {
   // open bucket of its kind while the bucket stays within bucket_bytes.
   void make_buckets() {
     const std::size_t cap = opt_.bucket_bytes / sizeof(float);
-    std::vector<std::ptrdiff_t> open(6, -1);
+    std::vector<std::ptrdiff_t> open(256, -1);  // one slot per possible codec_kind value
     for (std::size_t i = 0; i < model_.size(); ++i) {
       const auto k = static_cast<std::size_t>(kinds_[i]);
       const std::size_t n = model_[i].shape.size();

@@ -34,6 +34,17 @@ concept SegmentedCodec = Codec<C> && requires(const C& cc, C& c, std::size_t par
   c.encode_segment(offset, segment, p);
 };
 
+/// A linear codec that can add a segment of raw floats into a received
+/// payload and re-encode once (fp16_codec, bf16_codec):
+/// `add_raw_and_reencode(p, raw)` makes p the encoding of decode(p) + raw,
+/// rounded once. ring_allreduce_linear then skips encoding this rank's
+/// segments ahead and accumulating two payloads: each reduce-scatter hop is
+/// one add-and-re-encode, so a 16-bit sum is rounded once per hop.
+template <class C>
+concept ReencodingLinearCodec = LinearCodec<C> && requires(C& c, typename C::payload_type& p, std::span<const float> raw) {
+  c.add_raw_and_reencode(p, raw);
+};
+
 /// The customization point of ring_allreduce_linear: where the N segments of
 /// a codec's vector begin, how one segment is encoded, and how a received
 /// payload is checked against the segment it arrives for.
@@ -187,11 +198,32 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   // Line 3: compress segment r and send it.
   encode_own(ring.reduce_scatter_send(0));
   ch.send(tag_rs, ch.serialize(own));
+  payload owned;
+  if constexpr (ReencodingLinearCodec<std::remove_const_t<C>>) {
+    // Lines 4-8 with one rounding per hop: the received partial sum and this
+    // rank's raw segment are added and re-encoded once (the sum has the
+    // shape of one payload: its body is limited like the first encode's).
+    for (std::size_t u = 0; u < body.size(); ++u) body[u] = body[u] ? body[u] : ring_payload_body_limit(bounds[u + 1] - bounds[u]);
+    for (int s = 0; s < steps; ++s) {
+      const int k = ring.reduce_scatter_recv(s);
+      auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
+      payload& in = got.second;
+      ring_timed(st.encode_seconds, [&] { codec.add_raw_and_reencode(in, std::span<const float>(segment(k))); });
+      ++st.encodes;
+      st.own_encoded_bytes += codec.encoded_bytes(in);
+      if (s + 1 < steps)
+        ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));
+      else
+        owned = std::move(in);
+    }
+    ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
+    st.seconds = ring_seconds_since(started);
+    return st;
+  }
   // Lines 4-8: the segment of step s is compressed before its predecessor's
   // sum is waited for, so compression overlaps the transfer (Fig. 2b); the
   // two are summed in the compressed domain (eq. 4) and forwarded.
   encode_own(ring.reduce_scatter_recv(0));
-  payload owned;
   for (int s = 0; s < steps; ++s) {
     const int k = ring.reduce_scatter_recv(s);
     auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
@@ -242,6 +274,11 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
+///
+/// A ReencodingLinearCodec (fp16, bf16) runs lines 4-8 as one
+/// add_raw_and_reencode per hop instead (the received partial sum plus this
+/// rank's raw segment, rounded once): each rank encodes only its first
+/// segment, and `on_encode` is called for that one encode only.
 template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},
