@@ -17,6 +17,7 @@
 #include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/layout.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -131,6 +132,7 @@ struct plan_options {
   qsgd_options qsgd;                                   ///< seed mixed with rank and layer
   two_bit_options two_bit = two_bit_options::automatic();
   sparsifier_options top_k;                            ///< seed mixed with rank and layer
+  homomorphic_options homomorphic;                     ///< lane width (0: from N), block size; seed mixed with the layer (shared by the ranks), worker = rank
   std::uint64_t seed = 0;                              ///< mixed into every rounding stream
   /// The exchange returns the mean over ranks (true) or the sum.
   bool average = true;
@@ -254,6 +256,12 @@ class plan {
     w.put<float>(opt_.top_k.momentum);
     w.put<std::uint64_t>(opt_.seed);
     w.put<std::uint8_t>(opt_.average ? 1 : 0);
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::homomorphic) != kinds_.end()) {
+      // Only plans that use it hash its options: other plans keep their fingerprints.
+      w.put<std::uint32_t>(opt_.homomorphic.bits);
+      w.put<std::uint64_t>(opt_.homomorphic.block_size);
+      w.put<std::uint64_t>(opt_.homomorphic.seed);
+    }
     w.put<std::uint64_t>(opt_.custom_name.size());
     w.put_bytes(std::as_bytes(std::span<const char>(opt_.custom_name.data(), opt_.custom_name.size())));
     return wire::crc32c(0, bytes);

@@ -21,6 +21,7 @@
 #include <gradcomp/ring/channel.hpp>
 #include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/ring/stats.hpp>
+#include <gradcomp/ring/summable.hpp>
 
 namespace gradcomp {
 
@@ -145,6 +146,19 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   const int n = ring.size(), self = ring.rank(), steps = ring.steps();
   ring_check_summands(codec, n, who);
+  if constexpr (AgreedScaleCodec<std::remove_const_t<C>>) {
+    // The agreed scales first (the homomorphic quantizer): local scales, a
+    // max ring over them on the same tags (it completes before the receives
+    // below are posted, so the messages cannot mix), then the codes.
+    std::vector<float> scales(codec.scale_count(data.size()));
+    ring_timed(st.encode_seconds, [&] { codec.local_scales(std::span<const float>(data), std::span<float>(scales)); });
+    const ring_stats m = ring_allreduce_max(Policy{}, t, std::span<float>(scales), summable_element::float32, options);
+    st.bytes_sent += m.bytes_sent;
+    st.messages_sent += m.messages_sent;
+    st.bytes_received += m.bytes_received;
+    st.wait_seconds += m.wait_seconds;
+    codec.set_agreed_scales(std::span<const float>(scales), data.size());
+  }
   const std::vector<std::size_t> bounds = ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n),
                                                               data.size(), n, who);
   auto segment = [&](int j) {
@@ -274,6 +288,11 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
+///
+/// An AgreedScaleCodec (the homomorphic quantizer) first agrees on its
+/// scales: local_scales of `data`, ring_allreduce_max over them (same tags,
+/// its bytes and messages added to the stats), set_agreed_scales; then
+/// Algorithm 1 as above (its accumulate is an integer addition).
 ///
 /// A ReencodingLinearCodec (fp16, bf16) runs lines 4-8 as one
 /// add_raw_and_reencode per hop instead (the received partial sum plus this
