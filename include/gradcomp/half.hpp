@@ -101,12 +101,17 @@ class half_codec {
   static constexpr float max_value = summable::max_finite(E);
 
   /// out = the gradient rounded to nearest even, saturated at +-max_value.
-  /// Throws non_finite_error (first bad index) for NaN / Inf.
+  /// Throws non_finite_error (first bad index) for NaN / Inf (out is unspecified then).
   void encode(std::span<const float> gradient, payload_type& out) {
-    check_finite(gradient, "encode");
-    saturated_ = count_beyond(gradient);
     out.values.resize(gradient.size());
-    to_bits(gradient, out.values);
+    saturated_ = 0;
+    // One pass over the gradient: check, count and convert a cache-sized chunk at a time.
+    for (std::size_t at = 0; at < gradient.size(); at += chunk) {
+      const auto part = gradient.subspan(at, std::min(chunk, gradient.size() - at));
+      if (const auto bad = find_non_finite(Policy{}, part); bad != part.size()) throw non_finite_error(name("encode"), at + bad);
+      saturated_ += count_beyond(part);
+      to_bits(part, std::span<std::uint16_t>(out.values).subspan(at, part.size()));
+    }
   }
   /// out = the payload's values (exact).
   void decode(const payload_type& p, std::span<float> out) const {
@@ -136,11 +141,13 @@ class half_codec {
   }
   /// p = round(decode(p) + raw): a ring hop's sum of the received partial sum
   /// and this rank's raw float32 segment, rounded once (saturated; the clamped
-  /// values add to saturated()). Throws non_finite_error for a NaN / Inf in raw.
+  /// values add to saturated()). Throws non_finite_error for a NaN / Inf in
+  /// raw (p is unspecified then).
   void add_raw_and_reencode(payload_type& p, std::span<const float> raw) {
     if (p.values.size() != raw.size()) throw size_mismatch_error(name("add_raw_and_reencode"), p.values.size(), raw.size());
-    check_finite(raw, "add_raw_and_reencode");
     chunked(raw.size(), [&](std::size_t at, std::span<float> tmp) {
+      if (const auto bad = find_non_finite(Policy{}, raw.subspan(at, tmp.size())); bad != tmp.size())
+        throw non_finite_error(name("add_raw_and_reencode"), at + bad);
       const std::span<std::uint16_t> bits = std::span<std::uint16_t>(p.values).subspan(at, tmp.size());
       from_bits(bits, tmp);
       const float* r = raw.data() + at;
@@ -158,9 +165,6 @@ class half_codec {
   static std::string name(const char* what) {
     return std::string(E == summable_element::float16 ? "fp16_codec::" : "bf16_codec::") + what;
   }
-  static void check_finite(std::span<const float> x, const char* what) {
-    if (const auto bad = find_non_finite(Policy{}, x); bad != x.size()) throw non_finite_error(name(what), bad);
-  }
   static constexpr std::size_t chunk = 1024;
   /// f(offset, scratch of min(chunk, n - offset) floats) over [0, n).
   template <class F>
@@ -169,8 +173,8 @@ class half_codec {
     for (std::size_t at = 0; at < n; at += chunk) f(at, std::span<float>(tmp, std::min(chunk, n - at)));
   }
   static std::size_t count_beyond(std::span<const float> x) noexcept {
-    std::size_t n = 0;
-    for (const float v : x) n += std::fabs(v) > max_value ? 1 : 0;
+    std::uint32_t n = 0;  // a chunk at a time: no overflow
+    for (const float v : x) n += std::fabs(v) > max_value ? 1u : 0u;
     return n;
   }
   static void to_bits(std::span<const float> in, std::span<std::uint16_t> out) noexcept {
