@@ -97,6 +97,35 @@ bool homomorphic_lanes_valid(std::span<const std::uint32_t> words, std::uint64_t
   return ok;
 }
 
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// The codes of m values x[j] of one block (scale s, inv = M / (2 s), top = M)
+/// whose vector indices are lo + j (+ 2^32 hi), lo + m not wrapping: u = (x +
+/// s) inv in [0, M] (the clamp only guards float rounding: |x| <= s), q =
+/// floor(u) + [v < frac(u)] with v the shared draw of the index shifted by
+/// `shift` modulo 1 (at u = M, frac(u) = 0: q <= M). Branch-free: vectorised
+/// (kept out of line: GCC 12 does not vectorise it once inlined into the encoder).
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+inline void homomorphic_codes(const float* x, std::uint32_t* q, std::size_t m, float s, float inv, float top,
+                              std::uint32_t lo, std::uint32_t hi, std::uint32_t key_lo, std::uint32_t key_hi,
+                              float shift) noexcept {
+  for (std::size_t j = 0; j < m; ++j) {
+    float u = (x[j] + s) * inv;
+    u = u < 0.0f ? 0.0f : u;
+    u = u > top ? top : u;
+    const std::int32_t fl = static_cast<std::int32_t>(u);
+    const std::uint32_t r =
+        counter_stream::bits32_lanes<std::uint32_t>(lo + static_cast<std::uint32_t>(j), hi, key_lo, key_hi);
+    float v = static_cast<float>(r >> 8) * 0x1p-24f + shift;  // uniform_float of the index, shifted
+    v -= v >= 1.0f ? 1.0f : 0.0f;
+    q[j] = static_cast<std::uint32_t>(fl) + (v < u - static_cast<float>(fl) ? 1u : 0u);
+  }
+}
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
 /// Payload of homomorphic_quantizer: the codes of `count` consecutive
 /// elements starting at element `offset` of the codec's vector (a multiple of
 /// the block size), summed over `summands` workers. Body (wire codec 10),
@@ -287,15 +316,14 @@ class homomorphic_quantizer {
       const float s = scales_[block];
       const float inv = s > 0.0f ? half_m / s : 0.0f;
       const std::size_t m = std::min<std::size_t>(block_end - i, 256);
-      for (std::size_t j = 0; j < m; ++j) {
-        // u = (x / S + 1) M / 2 in [0, M]; up with probability frac(u): E[q] = u.
-        const float u = std::min(std::max((x[i + j] + s) * inv, 0.0f), top);
-        const std::uint32_t fl = static_cast<std::uint32_t>(u);  // floor: u >= 0
-        float v = stream.uniform_float(offset + i + j) + shift;    // uniform on [0, 1) for this worker
-        v = v >= 1.0f ? v - 1.0f : v;
-        const std::uint32_t up = v < u - float(fl) ? 1u : 0u;
-        q[j] = std::min(fl + up, levels_);
-      }
+      const std::uint64_t first = offset + i;
+      if (static_cast<std::uint32_t>(first) <= 0xFFFFFFFFu - 256u)
+        detail::homomorphic_codes(x.data() + i, q, m, s, inv, top, static_cast<std::uint32_t>(first),
+                                  static_cast<std::uint32_t>(first >> 32), stream.key_lo(), stream.key_hi(), shift);
+      else  // the low half of the index wraps inside this chunk: element by element
+        for (std::size_t j = 0; j < m; ++j)
+          detail::homomorphic_codes(x.data() + i + j, q + j, 1, s, inv, top, static_cast<std::uint32_t>(first + j),
+                                    static_cast<std::uint32_t>((first + j) >> 32), stream.key_lo(), stream.key_hi(), shift);
       std::size_t w = i / lanes;
       unsigned k = static_cast<unsigned>(i % lanes);
       for (std::size_t j = 0; j < m; ++j) {
