@@ -172,6 +172,33 @@ TEST_CASE("fp16: the portable conversions give the bits of the F16C instructions
 }
 #endif
 
+TEST_CASE("the branch-free bulk kernels give the bits of the scalar conversions") {
+  std::vector<std::uint16_t> all(65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) all[h] = std::uint16_t(h);
+  std::vector<float> f(65536), fb(65536);
+  ge::half_to_floats_portable(all, f);
+  ge::bfloat16_to_floats(all, fb);
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    REQUIRE(bits(f[h]) == bits(ge::half_bits_to_float(std::uint16_t(h))));
+    REQUIRE(bits(fb[h]) == bits(ge::bfloat16_bits_to_float(std::uint16_t(h))));
+  }
+  std::vector<float> x;
+  for (std::uint64_t u = 0; u < (1ull << 32); u += 1021) x.push_back(std::bit_cast<float>(std::uint32_t(u)));
+  for (std::uint32_t h = 0; h < 65536; ++h) {  // every fp16 value, midpoint and neighbours
+    const float v = ge::half_bits_to_float(std::uint16_t(h));
+    x.push_back(v);
+    x.push_back(std::nextafter(v, 0.0f));
+    x.push_back(std::bit_cast<float>(bits(v) + 0x1000u));
+  }
+  std::vector<std::uint16_t> h16(x.size()), b16(x.size());
+  ge::floats_to_half_portable(x, h16);
+  ge::floats_to_bfloat16(x, b16);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    REQUIRE(h16[i] == ge::float_to_half_bits_saturated(x[i]));
+    REQUIRE(b16[i] == ge::float_to_bfloat16_bits_saturated(x[i]));
+  }
+}
+
 TEST_CASE("fp16 bulk kernels of this build agree with the portable ones (F16C when compiled for it)") {
   INFO("F16C kernels: " << ge::half_f16c);
   std::vector<float> in;

@@ -34,6 +34,7 @@
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
 #include <gradcomp/exchange/powersgd_bucket.hpp>
+#include <gradcomp/exchange/scalar_buckets.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -376,6 +377,16 @@ class bucket_layer {
           break;
         }
         case codec_kind::dense: out.push_back(std::make_unique<dense_bucket>(lengths)); break;
+        case codec_kind::fp16: out.push_back(std::make_unique<half_bucket<summable_element::float16>>(lengths)); break;
+        case codec_kind::bf16: out.push_back(std::make_unique<half_bucket<summable_element::bfloat16>>(lengths)); break;
+        case codec_kind::homomorphic:
+          out.push_back(std::make_unique<homomorphic_bucket<Policy>>(lengths, ranks_, [&](std::size_t j) {
+            homomorphic_options h = o.homomorphic;  // one seed on every rank, this rank's worker index: stratified draws
+            h.seed = mixed_seed(o.seed, h.seed, -1, layer_of(j));
+            h.worker = static_cast<std::size_t>(rank_);
+            return h;
+          }));
+          break;
         case codec_kind::gradiveq: {
           auto g = std::make_unique<gradiveq_bucket<Policy>>(plan_, b, rank_, ranks_, *life);
           gradiveq_buckets_.push_back(g.get());

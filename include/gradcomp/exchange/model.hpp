@@ -17,6 +17,7 @@
 #include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/layout.hpp>
 #include <gradcomp/powersgd.hpp>
 #include <gradcomp/qsgd.hpp>
@@ -76,6 +77,9 @@ enum class codec_kind : std::uint8_t {
   qsgd = 3,      ///< QSGD (4 bits by default): all-gather round
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
   custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
+  fp16 = 6,      ///< IEEE binary16 (half.hpp): one sum round of a float16 buffer
+  bf16 = 7,      ///< bfloat16 (half.hpp): one sum round of a bfloat16 buffer
+  homomorphic = 8,  ///< agreed-scale integer quantizer (homomorphic.hpp): a max round, then a sum of int32 words
   powersgd = 9,  ///< rank-r PowerSGD (Vogels et al. 2019): a sum round of the P's, then one of the Q's
 };
 
@@ -88,6 +92,9 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::qsgd: return "qsgd";
     case codec_kind::top_k: return "top_k";
     case codec_kind::custom: return "custom";
+    case codec_kind::fp16: return "fp16";
+    case codec_kind::bf16: return "bf16";
+    case codec_kind::homomorphic: return "homomorphic";
     case codec_kind::powersgd: return "powersgd";
   }
   return "unknown";
@@ -133,6 +140,7 @@ struct plan_options {
   qsgd_options qsgd;                                   ///< seed mixed with rank and layer
   two_bit_options two_bit = two_bit_options::automatic();
   sparsifier_options top_k;                            ///< seed mixed with rank and layer
+  homomorphic_options homomorphic;                     ///< lane width (0: from N), block size; seed mixed with the layer (shared by the ranks), worker = rank
   /// PowerSGD's options (rank, start period, dense rule); its seed is mixed
   /// with the layer only, never the rank: every rank draws the same Q.
   powersgd_options powersgd;
@@ -259,6 +267,12 @@ class plan {
     w.put<float>(opt_.top_k.momentum);
     w.put<std::uint64_t>(opt_.seed);
     w.put<std::uint8_t>(opt_.average ? 1 : 0);
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::homomorphic) != kinds_.end()) {
+      // Only plans that use it hash its options: other plans keep their fingerprints.
+      w.put<std::uint32_t>(opt_.homomorphic.bits);
+      w.put<std::uint64_t>(opt_.homomorphic.block_size);
+      w.put<std::uint64_t>(opt_.homomorphic.seed);
+    }
     w.put<std::uint64_t>(opt_.custom_name.size());
     w.put_bytes(std::as_bytes(std::span<const char>(opt_.custom_name.data(), opt_.custom_name.size())));
     // PowerSGD's options only when a layer uses it, so other plans keep their fingerprints.

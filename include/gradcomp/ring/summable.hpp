@@ -35,6 +35,10 @@ inline void ring_check_packed(std::size_t got, std::size_t cells, summable_eleme
                           std::to_string(got) + " (do all ranks pass the same length and element type?)");
 }
 
+/// The ring of ring_allreduce_summable (max: ring_allreduce_max).
+template <class T>
+ring_stats ring_summable_impl(T& t, std::span<float> cells, summable_element e, bool max, const ring_options& options);
+
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
@@ -57,7 +61,40 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 template <ExecutionPolicy Policy, Transport T>
 ring_stats ring_allreduce_summable(Policy, T& t, std::span<float> cells, summable_element e,
                                    const ring_options& options = {}) {
-  constexpr const char* who = "ring_allreduce_summable";
+  return detail::ring_summable_impl(t, cells, e, false, options);
+}
+
+/// ring_allreduce_summable with the generic (execution::seq) policy.
+template <Transport T>
+ring_stats ring_allreduce_summable(T& t, std::span<float> cells, summable_element e, const ring_options& options = {}) {
+  return ring_allreduce_summable(execution::seq{}, t, cells, e, options);
+}
+
+/// The element-wise max of the summable buffer `cells` (a float element
+/// type) across the ranks, in place, on the same ring as
+/// ring_allreduce_summable (a hop keeps the max of the received partial max
+/// and its own cells; no rounding: the max of representable values is one).
+/// int32_words: invalid_argument_error. Agreed scales (AgreedScaleCodec)
+/// run on it; bit-identical on every rank.
+template <ExecutionPolicy Policy, Transport T>
+ring_stats ring_allreduce_max(Policy, T& t, std::span<float> cells, summable_element e, const ring_options& options = {}) {
+  if (e == summable_element::int32_words)
+    throw invalid_argument_error("ring_allreduce_max: int32_words buffers have no element-wise max");
+  return detail::ring_summable_impl(t, cells, e, true, options);
+}
+
+/// ring_allreduce_max with the generic (execution::seq) policy.
+template <Transport T>
+ring_stats ring_allreduce_max(T& t, std::span<float> cells, summable_element e, const ring_options& options = {}) {
+  return ring_allreduce_max(execution::seq{}, t, cells, e, options);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+template <class T>
+ring_stats ring_summable_impl(T& t, std::span<float> cells, summable_element e, bool max, const ring_options& options) {
+  const char* who = max ? "ring_allreduce_max" : "ring_allreduce_summable";
   const auto started = detail::ring_clock::now();
   ring_stats st;
   detail::ring_check_tags(options, who);
@@ -100,12 +137,21 @@ ring_stats ring_allreduce_summable(Policy, T& t, std::span<float> cells, summabl
   // received partial sum into the own cells (one rounding) and forwards it.
   send(tag_rs, packed(ring.segment<float>(cells, ring.reduce_scatter_send(0)), {}));
   std::vector<std::byte> spare;
+  std::vector<float> scratch;
   for (int s = 0; s < steps; ++s) {
     const int k = ring.reduce_scatter_recv(s);
     message m = wait(rs_recv[static_cast<std::size_t>(s)]);
     const std::span<float> own = ring.segment<float>(cells, k);
     detail::ring_check_packed(m.bytes.size(), own.size(), e, self, m.source, k, "reduce-scatter", s);
-    detail::ring_timed(st.combine_seconds, [&] { summable::add_packed_into(e, own, m.bytes); });
+    detail::ring_timed(st.combine_seconds, [&] {
+      if (max) {
+        scratch.resize(own.size());
+        summable::unpack(e, m.bytes, scratch);
+        summable::max_into(e, own, scratch);
+      } else {
+        summable::add_packed_into(e, own, m.bytes);
+      }
+    });
     if (s + 1 < steps)
       send(tag_rs, packed(own, std::move(m.bytes)));
     else
@@ -128,11 +174,6 @@ ring_stats ring_allreduce_summable(Policy, T& t, std::span<float> cells, summabl
   return st;
 }
 
-/// ring_allreduce_summable with the generic (execution::seq) policy.
-template <Transport T>
-ring_stats ring_allreduce_summable(T& t, std::span<float> cells, summable_element e, const ring_options& options = {}) {
-  return ring_allreduce_summable(execution::seq{}, t, cells, e, options);
-}
-
 GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
 }  // namespace gradcomp

@@ -3,8 +3,9 @@
 /// Portable, bit-exact conversions between float32 and the two 16-bit float
 /// types (IEEE binary16 "fp16" and bfloat16), and the bulk kernels the
 /// summable buffers and the 16-bit codecs run (payloads/summable.hpp,
-/// half.hpp). Integer arithmetic only: no dependence on the rounding mode,
-/// flush-to-zero or the compiler's floating-point options.
+/// half.hpp). The scalar conversions use integer arithmetic only: no
+/// dependence on the rounding mode, flush-to-zero or the compiler's
+/// floating-point options; the bulk kernels are their branch-free forms.
 ///
 /// Rounding is to nearest, ties to even (IEEE 754 roundTiesToEven).
 ///  - fp16: overflow (|x| >= 65520) gives +-Inf; values below 2^-14 become
@@ -107,49 +108,132 @@ constexpr float round_to_bfloat16(float x) noexcept {
   return bfloat16_bits_to_float(float_to_bfloat16_bits_saturated(x));
 }
 
-// Bulk kernels, portable. Sizes are checked by the callers (equal lengths).
+// Bulk kernels, portable. The per-element bodies below are branch-free
+// (selects, integer operations and one exact or correctly rounded float
+// addition) so that the compiler vectorises them; they give the bits of the
+// scalar functions above (tests/unit/test_summable.cpp) under the default
+// rounding mode, which every float addition here assumes anyway. Sizes are
+// checked by the callers (equal lengths).
+
+namespace half_detail {
+/// All ones when c, else 0.
+constexpr std::uint32_t mask(bool c) noexcept { return 0u - static_cast<std::uint32_t>(c); }
+/// c ? a : b without a branch.
+constexpr std::uint32_t select(std::uint32_t m, std::uint32_t a, std::uint32_t b) noexcept { return (a & m) | (b & ~m); }
+}  // namespace half_detail
+
+/// float_to_half_bits_saturated, branch-free.
+inline std::uint16_t half_bits_saturated_bulk(float x) noexcept {
+  using half_detail::mask;
+  using half_detail::select;
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::int32_t ax = static_cast<std::int32_t>(u & 0x7FFFFFFFu);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t a = select(mask(ax > 0x477FE000), 0x477FE000u, static_cast<std::uint32_t>(ax));  // saturated
+  const std::uint32_t m = a - 0x38000000u;
+  const std::uint32_t normal = (m + 0xFFFu + ((m >> 13) & 1u)) >> 13;
+  // Below 2^-14: adding 0.5 (whose ulp is 2^-24) rounds to the subnormal grid, ties to even.
+  const std::uint32_t sub = std::bit_cast<std::uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3F000000u;
+  const std::uint32_t mag = select(mask(static_cast<std::int32_t>(a) < 0x38800000), sub, normal);
+  const std::uint32_t nan = 0x7E00u | ((static_cast<std::uint32_t>(ax) >> 13) & 0x3FFu);
+  return static_cast<std::uint16_t>(sign | select(mask(ax > 0x7F800000), nan, mag));
+}
+/// half_bits_to_float, branch-free.
+inline float half_to_float_bulk(std::uint16_t h) noexcept {
+  using half_detail::mask;
+  using half_detail::select;
+  const std::uint32_t hu = h;
+  const std::uint32_t o = ((hu & 0x7FFFu) << 13) + 0x38000000u;  // rebias 15 -> 127
+  const std::uint32_t exp = hu & 0x7C00u;
+  const std::uint32_t special = mask(exp == 0x7C00u);
+  // Inf / NaN: exponent all ones, and the quiet bit for a NaN.
+  const std::uint32_t big = (o + 0x38000000u) | select(mask((hu & 0x3FFu) != 0), 0x400000u, 0u);
+  // Zero / subnormal: 2^-14 (1 + m / 1024) - 2^-14, exact.
+  const std::uint32_t sub =
+      std::bit_cast<std::uint32_t>(std::bit_cast<float>(o + 0x800000u) - std::bit_cast<float>(113u << 23));
+  const std::uint32_t r = select(special, big, select(mask(exp == 0), sub, o));
+  return std::bit_cast<float>(r | ((hu & 0x8000u) << 16));
+}
+/// float_to_bfloat16_bits_saturated, branch-free.
+inline std::uint16_t bfloat16_bits_saturated_bulk(float x) noexcept {
+  using half_detail::mask;
+  using half_detail::select;
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::int32_t ax = static_cast<std::int32_t>(u & 0x7FFFFFFFu);
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t top = ((u >> 16) & 0x8000u) | 0x7F7Fu;
+  return static_cast<std::uint16_t>(
+      select(mask(ax > 0x7F800000), (u >> 16) | 0x40u, select(mask(ax >= 0x7F7F8000), top, rounded)));
+}
+/// bfloat16_bits_to_float, branch-free.
+inline float bfloat16_to_float_bulk(std::uint16_t h) noexcept {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  return std::bit_cast<float>(
+      u | half_detail::select(half_detail::mask(static_cast<std::int32_t>(u & 0x7FFFFFFFu) > 0x7F800000), 0x400000u, 0u));
+}
 
 /// out[i] = fp16 bits of in[i], saturated.
 inline void floats_to_half_portable(std::span<const float> in, std::span<std::uint16_t> out) noexcept {
-  for (std::size_t i = 0; i < in.size(); ++i) out[i] = float_to_half_bits_saturated(in[i]);
+  const float* a = in.data();
+  std::uint16_t* o = out.data();
+  for (std::size_t i = 0; i < in.size(); ++i) o[i] = half_bits_saturated_bulk(a[i]);
 }
 /// out[i] = the float of fp16 bits in[i].
 inline void half_to_floats_portable(std::span<const std::uint16_t> in, std::span<float> out) noexcept {
-  for (std::size_t i = 0; i < in.size(); ++i) out[i] = half_bits_to_float(in[i]);
+  const std::uint16_t* a = in.data();
+  float* o = out.data();
+  for (std::size_t i = 0; i < in.size(); ++i) o[i] = half_to_float_bulk(a[i]);
 }
 /// acc[i] = round_to_half(acc[i] + in[i]): one rounding of the float32 sum (exact
 /// for fp16 operands up to the final rounding: 24 >= 2 * 11 + 2 bits).
 inline void add_round_half_portable(std::span<float> acc, std::span<const float> in) noexcept {
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = round_to_half(acc[i] + in[i]);
+  float* a = acc.data();
+  const float* b = in.data();
+  for (std::size_t i = 0; i < acc.size(); ++i) a[i] = half_to_float_bulk(half_bits_saturated_bulk(a[i] + b[i]));
 }
 /// acc[i] = round_to_half(acc[i] + float(in[i])), in[i] fp16 bits.
 inline void add_half_bits_round_portable(std::span<float> acc, std::span<const std::uint16_t> in) noexcept {
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = round_to_half(acc[i] + half_bits_to_float(in[i]));
+  float* a = acc.data();
+  const std::uint16_t* b = in.data();
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    a[i] = half_to_float_bulk(half_bits_saturated_bulk(a[i] + half_to_float_bulk(b[i])));
 }
 /// x[i] = round_to_half(x[i]) in place.
 inline void round_half_portable(std::span<float> x) noexcept {
-  for (float& v : x) v = round_to_half(v);
+  float* a = x.data();
+  for (std::size_t i = 0; i < x.size(); ++i) a[i] = half_to_float_bulk(half_bits_saturated_bulk(a[i]));
 }
 
 /// out[i] = bfloat16 bits of in[i], saturated.
 inline void floats_to_bfloat16(std::span<const float> in, std::span<std::uint16_t> out) noexcept {
-  for (std::size_t i = 0; i < in.size(); ++i) out[i] = float_to_bfloat16_bits_saturated(in[i]);
+  const float* a = in.data();
+  std::uint16_t* o = out.data();
+  for (std::size_t i = 0; i < in.size(); ++i) o[i] = bfloat16_bits_saturated_bulk(a[i]);
 }
 /// out[i] = the float of bfloat16 bits in[i].
 inline void bfloat16_to_floats(std::span<const std::uint16_t> in, std::span<float> out) noexcept {
-  for (std::size_t i = 0; i < in.size(); ++i) out[i] = bfloat16_bits_to_float(in[i]);
+  const std::uint16_t* a = in.data();
+  float* o = out.data();
+  for (std::size_t i = 0; i < in.size(); ++i) o[i] = bfloat16_to_float_bulk(a[i]);
 }
 /// acc[i] = round_to_bfloat16(acc[i] + in[i]) (a float32 overflow saturates too).
 inline void add_round_bfloat16(std::span<float> acc, std::span<const float> in) noexcept {
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = round_to_bfloat16(acc[i] + in[i]);
+  float* a = acc.data();
+  const float* b = in.data();
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    a[i] = bfloat16_to_float_bulk(bfloat16_bits_saturated_bulk(a[i] + b[i]));
 }
 /// acc[i] = round_to_bfloat16(acc[i] + float(in[i])), in[i] bfloat16 bits.
 inline void add_bfloat16_bits_round(std::span<float> acc, std::span<const std::uint16_t> in) noexcept {
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = round_to_bfloat16(acc[i] + bfloat16_bits_to_float(in[i]));
+  float* a = acc.data();
+  const std::uint16_t* b = in.data();
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    a[i] = bfloat16_to_float_bulk(bfloat16_bits_saturated_bulk(a[i] + bfloat16_to_float_bulk(b[i])));
 }
 /// x[i] = round_to_bfloat16(x[i]) in place.
 inline void round_bfloat16(std::span<float> x) noexcept {
-  for (float& v : x) v = round_to_bfloat16(v);
+  float* a = x.data();
+  for (std::size_t i = 0; i < x.size(); ++i) a[i] = bfloat16_to_float_bulk(bfloat16_bits_saturated_bulk(a[i]));
 }
 
 GRADCOMP_ABI_NAMESPACE_END
