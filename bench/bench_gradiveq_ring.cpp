@@ -424,7 +424,6 @@ int main(int argc, char** argv) {
   (void)measure_rings(nullptr, 0);
 
   double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0, psgd_speedup_1g = 0, psgd_error_1g = 0;
-  double psgd_speedup_1g = 0, psgd_error_1g = 0;
   double fp16_speedup_1g = 0, fp16_floor_1g = 0, u_floor_1g = 0, bf16_speedup_1g = 0, hom_speedup_1g = 0;
   double err_fp16 = 0, err_bf16 = 0, err_hom = 0, err_q4 = 0, err_q4ag = 0;
   auto floor_of = [](const measurement& m, double rate) {
