@@ -49,8 +49,8 @@
 namespace gradcomp {
 
 /// Wire codec ids of the 16-bit payloads.
-inline constexpr wire::codec_id fp16_wire_codec = static_cast<wire::codec_id>(8);
-inline constexpr wire::codec_id bf16_wire_codec = static_cast<wire::codec_id>(9);
+inline constexpr wire::codec_id fp16_wire_codec = wire::codec_id::fp16;
+inline constexpr wire::codec_id bf16_wire_codec = wire::codec_id::bf16;
 
 /// Payload of fp16_codec (E = float16) and bf16_codec (E = bfloat16): the
 /// 16-bit patterns of the values. Body: u16 values[n], little-endian; no Inf

@@ -53,7 +53,7 @@
 namespace gradcomp {
 
 /// Wire codec id of homomorphic_payload.
-inline constexpr wire::codec_id homomorphic_wire_codec = static_cast<wire::codec_id>(10);
+inline constexpr wire::codec_id homomorphic_wire_codec = wire::codec_id::homomorphic;
 
 /// The least lane width with headroom for n summands: ceil(log2 n) + 2.
 constexpr unsigned homomorphic_min_bits(std::size_t n) noexcept {
