@@ -1,0 +1,60 @@
+// The configurations of the demo: names, descriptions, parsing (common.hpp,
+// exchange.hpp).
+#include <string>
+#include <string_view>
+
+#include "common.hpp"
+#include "exchange.hpp"
+
+namespace train {
+
+std::string_view config_name(config_id c) noexcept {
+  switch (c) {
+    case config_id::msgd_single: return "msgd_single";
+    case config_id::baseline: return "baseline";
+    case config_id::gradiveq: return "gradiveq";
+    case config_id::gradiveq_plus: return "gradiveq_plus";
+    case config_id::qsgd4: return "qsgd4";
+    case config_id::two_bit: return "two_bit";
+    case config_id::topk: return "topk";
+    case config_id::dgs: return "dgs";
+    case config_id::lgc: return "lgc";
+  }
+  return "?";
+}
+
+std::string_view config_description(config_id c) noexcept {
+  switch (c) {
+    case config_id::msgd_single: return "one worker, global batch, momentum SGD (seed 001's reference)";
+    case config_id::baseline: return "N workers, uncompressed float32 ring all-reduce";
+    case config_id::gradiveq: return "GradiVeQ on conv layers, compressed-domain ring, paper recipe (seed 002)";
+    case config_id::gradiveq_plus: return "GradiVeQ with the header's best linear improvements";
+    case config_id::qsgd4: return "QSGD 4-bit, decode-and-sum";
+    case config_id::two_bit: return "two-bit quantizer with residual, automatic threshold (seed 003)";
+    case config_id::topk: return "top-R% sparsifier with memory, synchronous (seed 001 Alg. 1)";
+    case config_id::dgs: return "DGS: asynchronous parameter server, SAMomentum, 99% sparsity, secondary compression";
+    case config_id::lgc: return "LGC ring form: top-k + online autoencoder, averaged codes (seed 004)";
+  }
+  return "?";
+}
+
+std::optional<momentum_mode> parse_momentum_mode(std::string_view s) noexcept {
+  if (s == "optimizer") return momentum_mode::optimizer;
+  if (s == "dgc" || s == "local" || s == "correction") return momentum_mode::correction;
+  if (s == "plain") return momentum_mode::plain;
+  return std::nullopt;
+}
+
+std::optional<config_id> parse_config(std::string_view name) noexcept {
+  for (auto c : all_configs)
+    if (config_name(c) == name) return c;
+  return std::nullopt;
+}
+
+std::string config_unavailable(config_id c) {
+  for (auto k : all_configs)
+    if (k == c) return {};  // every configuration builds wherever the demo builds (libtorch, zlib)
+  return "unknown configuration";
+}
+
+}  // namespace train
