@@ -3,6 +3,9 @@
 #include <string>
 #include <string_view>
 
+#include <gradcomp/errors.hpp>
+#include <cmath>
+
 #include "common.hpp"
 #include "exchange.hpp"
 
@@ -55,6 +58,27 @@ std::string config_unavailable(config_id c) {
   for (auto k : all_configs)
     if (k == c) return {};  // every configuration builds wherever the demo builds (libtorch, zlib)
   return "unknown configuration";
+}
+
+void check_option_ranges(config_id c, const run_options& o) {
+  using gradcomp::invalid_argument_error;
+  if (!parse_momentum_mode(o.two_bit_momentum) || !parse_momentum_mode(o.topk_momentum) ||
+      !parse_momentum_mode(o.lgc_momentum))
+    throw invalid_argument_error("momentum modes are optimizer, dgc (or local) and plain");
+  if (parse_momentum_mode(o.lgc_momentum) == momentum_mode::optimizer)
+    throw invalid_argument_error("lgc: --lgc-momentum is dgc or plain (the node returns a corrected update)");
+  if (c == config_id::two_bit && !std::isfinite(o.two_bit_threshold))
+    throw invalid_argument_error("two_bit: threshold must be finite");
+  if (c == config_id::qsgd4 && o.qsgd_bits != 2 && o.qsgd_bits != 4 && o.qsgd_bits != 8)
+    throw invalid_argument_error("qsgd4: --qsgd-bits must be 2, 4 or 8, got " + std::to_string(o.qsgd_bits));
+  if (c == config_id::topk && !(o.topk_percent > 0 && o.topk_percent <= 100))
+    throw invalid_argument_error("topk: --topk-percent must be in (0, 100], got " + std::to_string(o.topk_percent));
+  if (c == config_id::lgc && !(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
+    throw invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
+  if (c == config_id::dgs && !(o.dgs_sparsity >= 0 && o.dgs_sparsity < 100))
+    throw invalid_argument_error("dgs: --dgs-sparsity must be in [0, 100), got " + std::to_string(o.dgs_sparsity));
+  if (c == config_id::dgs && !(o.dgs_momentum > 0 && o.dgs_momentum < 1))
+    throw invalid_argument_error("dgs: --dgs-momentum must be in (0, 1), got " + std::to_string(o.dgs_momentum));
 }
 
 }  // namespace train
