@@ -237,6 +237,10 @@ TEST_CASE("lgc bucket: the plan needs the factory; the LGC options enter the fin
   o.lgc.alpha_percent = 2.0;
   const gx::plan b(m, o);
   CHECK(a.fingerprint() != b.fingerprint());
+  // LGC's parameter-server form is not a bucket codec yet: refused when the buckets are built.
+  gx::plan_options ps = o;
+  ps.rules.conv = ps.rules.small = ps.rules.fallback = gx::codec_kind::lgc_ps;
+  CHECK_THROWS_AS(gx::bucket_layer<>(gx::plan(m, ps), 0, 2), gradcomp::invalid_argument_error);
   // Another world size in the checkpoint: refused.
   std::vector<std::byte> saved;
   gradcomp::transport::run_workers(2, [&](inproc_endpoint& ep) {

@@ -55,11 +55,13 @@ struct dgs_step_stats {
 };
 
 namespace detail {
+/// The layer partition of a model description (one layer per model layer).
 inline layer_partition dgs_partition(const model_description& m) {
   std::vector<std::size_t> sizes;
   for (const auto& l : m.layers()) sizes.push_back(l.shape.size());
   return layer_partition(std::move(sizes));
 }
+/// The layers back to back; layout_error for another count or length.
 inline std::vector<float> dgs_flatten(const model_description& m, std::span<const std::span<const float>> layers,
                                       const char* who) {
   if (layers.size() != m.size())
@@ -139,7 +141,9 @@ class dgs_exchange {
     const auto& p = worker_.layers();
     return std::span<const float>(model_).subspan(p.offset(i), p.size(i));
   }
+  /// The model description the worker was built with.
   const model_description& layout() const noexcept { return model_desc_; }
+  /// Statistics of the last step.
   const dgs_step_stats& stats() const noexcept { return stats_; }
   /// The driver's counters (pushes, rejected, resyncs, bytes both ways).
   const ps_worker_stats& worker_stats() const noexcept { return worker_.stats(); }

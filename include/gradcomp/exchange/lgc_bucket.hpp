@@ -102,8 +102,11 @@ class lgc_ring_bucket final : public bucket_codec {
     bytes_.assign(lengths_.size(), 0);
   }
 
+  /// LGC's layer layout (roles, top-k counts, mu) of the bucket.
   const lgc_layout& layout() const noexcept { return layout_; }
+  /// plan_options::lgc with the first/last flags of the grouping.
   const lgc_options& options() const noexcept { return opt_; }
+  /// Which bucket layer went where.
   const lgc_bucket_grouping& grouping() const noexcept { return group_; }
   /// Completed steps; the phase of the next one.
   std::uint64_t steps() const noexcept { return step_; }
@@ -204,7 +207,7 @@ class lgc_ring_bucket final : public bucket_codec {
     std::copy(part.begin(), part.end(), buffer.begin() + std::ptrdiff_t(at));
     for (auto j : group_.dense) bytes_[j] += 4 * lengths_[j];
     if (group_.last >= 0) bytes_[std::size_t(group_.last)] += 4 * last_vals_.size();
-    if (phase_ == lgc_phase::compressed) attribute_values(4 * part.size());
+    attribute_values(4 * part.size());
   }
 
   void absorb(std::size_t r, std::span<const std::vector<std::byte>> gathered) override {
