@@ -38,14 +38,14 @@ gradcomp::lgc_options small_lgc(float momentum) {
 /// stem (first layer: dense), a norm weight and fc.bias (rank 1: dense), two
 /// convs through the autoencoder, fc top-k only: LGC layers [50, 6000, 4000, 300].
 /// With `extra`, a dense-coded layer first (its own bucket, carrying the control block).
-gx::plan lgc_plan(float momentum, bool extra = false) {
+gx::plan lgc_plan(float momentum, bool extra = false, gx::codec_kind kind = gx::codec_kind::lgc_ring) {
   gx::model_description m;
   if (extra) m.add_dense("extra", 64);
   m.add_conv("stem", 4, 1, 3, 3).add_dense("norm.weight", 4, 1);
   m.add_conv("conv_a", 60, 10, 10, 1).add_conv("conv_b", 40, 10, 10, 1);
   m.add_dense("fc", 300, 2).add_dense("fc.bias", 10, 1);
   gx::plan_options o;
-  o.rules.conv = o.rules.small = o.rules.fallback = gx::codec_kind::lgc_ring;
+  o.rules.conv = o.rules.small = o.rules.fallback = kind;
   if (extra) o.rules.explicit_choices = {{"extra", gx::codec_kind::dense}};
   o.lgc = small_lgc(momentum);
   o.lgc_factory = gx::lgc_bucket_factory<>();
@@ -237,10 +237,6 @@ TEST_CASE("lgc bucket: the plan needs the factory; the LGC options enter the fin
   o.lgc.alpha_percent = 2.0;
   const gx::plan b(m, o);
   CHECK(a.fingerprint() != b.fingerprint());
-  // LGC's parameter-server form is not a bucket codec yet: refused when the buckets are built.
-  gx::plan_options ps = o;
-  ps.rules.conv = ps.rules.small = ps.rules.fallback = gx::codec_kind::lgc_ps;
-  CHECK_THROWS_AS(gx::bucket_layer<>(gx::plan(m, ps), 0, 2), gradcomp::invalid_argument_error);
   // Another world size in the checkpoint: refused.
   std::vector<std::byte> saved;
   gradcomp::transport::run_workers(2, [&](inproc_endpoint& ep) {
@@ -251,4 +247,95 @@ TEST_CASE("lgc bucket: the plan needs the factory; the LGC options enter the fin
     gx::model_exchange ex(ep, a);
     CHECK_THROWS_AS(ex.restore_state(saved), gradcomp::option_mismatch_error);
   });
+}
+
+TEST_CASE("lgc ps bucket: the same aggregates as lgc_ps_worker / lgc_ps_server, bit for bit (4 ranks)") {
+  const int n = 4;
+  const auto plan = lgc_plan(0.0f, false, gx::codec_kind::lgc_ps);
+  const auto& m = plan.model();
+  const std::uint64_t steps = 7;
+  std::vector<std::vector<grads>> mine(n);
+  std::vector<std::vector<std::string>> phases(n);
+  gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+    gx::model_exchange ex(ep, plan);
+    for (std::uint64_t s = 0; s < steps; ++s) {
+      auto g = gradients(m, ep.rank(), s, true);
+      const auto& st = ex.step(spans(g));
+      REQUIRE_FALSE(st.skipped);
+      phases[std::size_t(ep.rank())].push_back(st.bucket_phase[0]);
+      mine[std::size_t(ep.rank())].push_back(g);
+    }
+  });
+  // The reference: K = 4 workers and the server (rank 4) on LGC's layers.
+  std::vector<std::vector<grads>> ref(n);
+  gradcomp::transport::run_workers(n + 1, [&](inproc_endpoint& ep) {
+    if (ep.rank() == n) {
+      gradcomp::lgc_ps_server<> server(n, {50, 6000, 4000, 300}, small_lgc(0.0f));
+      for (std::uint64_t s = 0; s < steps; ++s) server.step(ep);
+      return;
+    }
+    gradcomp::lgc_ps_worker<> worker(ep.rank(), n, {50, 6000, 4000, 300}, small_lgc(0.0f));
+    for (std::uint64_t s = 0; s < steps; ++s) {
+      const auto g = gradients(m, ep.rank(), s, true);
+      grads layers(1);
+      for (std::size_t i : {0u, 1u, 5u}) layers[0].insert(layers[0].end(), g[i].begin(), g[i].end());
+      layers.push_back(g[2]);
+      layers.push_back(g[3]);
+      layers.push_back(g[4]);
+      worker.step(ep, spans(layers));
+      grads back = g;
+      std::copy(layers[0].begin(), layers[0].begin() + 36, back[0].begin());
+      std::copy(layers[0].begin() + 36, layers[0].begin() + 40, back[1].begin());
+      std::copy(layers[0].begin() + 40, layers[0].end(), back[5].begin());
+      back[2] = layers[1];
+      back[3] = layers[2];
+      back[4] = layers[3];
+      ref[std::size_t(ep.rank())].push_back(back);
+    }
+  });
+  CHECK(phases[0][1] == "lgc_ps:full");
+  CHECK(phases[0][3] == "lgc_ps:topk-training");
+  CHECK(phases[0][6] == "lgc_ps:compressed");
+  for (int r = 0; r < n; ++r)
+    for (std::uint64_t s = 0; s < steps; ++s)
+      for (std::size_t l = 0; l < m.size(); ++l) {
+        CAPTURE(r);
+        CAPTURE(s);
+        CAPTURE(l);
+        CHECK(bit_equal(mine[std::size_t(r)][s][l], ref[std::size_t(r)][s][l]));
+      }
+}
+
+TEST_CASE("lgc ps bucket: skip rollback and checkpoints resumed bit-identical (4 ranks)") {
+  const int n = 4;
+  const auto plan = lgc_plan(0.9f, true, gx::codec_kind::lgc_ps);
+  const std::uint64_t total = 7;
+  const auto straight = run_exchange(n, plan, total, false);
+  for (std::uint64_t k : {1u, 3u, 4u, 5u}) {
+    CAPTURE(k);
+    std::vector<std::vector<std::byte>> saved(n);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, plan);
+      for (std::uint64_t s = 0; s < k; ++s) {
+        auto g = gradients(plan.model(), ep.rank(), s, false);
+        REQUIRE_FALSE(ex.step(spans(g)).skipped);
+      }
+      auto bad = gradients(plan.model(), ep.rank(), 100, false);  // rank 1 asks to skip: rolled back everywhere
+      CHECK(ex.step(spans(bad), ep.rank() == 1).skipped);
+      saved[std::size_t(ep.rank())] = ex.save_state();
+    });
+    std::vector<grads> last(n);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, plan);
+      ex.restore_state(saved[std::size_t(ep.rank())]);
+      for (std::uint64_t s = k; s < total; ++s) {
+        auto g = gradients(plan.model(), ep.rank(), s, false);
+        REQUIRE_FALSE(ex.step(spans(g)).skipped);
+        last[std::size_t(ep.rank())] = g;
+      }
+    });
+    for (int r = 0; r < n; ++r)
+      for (std::size_t l = 0; l < plan.model().size(); ++l)
+        CHECK(bit_equal(last[std::size_t(r)][l], straight[std::size_t(r)][total - 1][l]));
+  }
 }

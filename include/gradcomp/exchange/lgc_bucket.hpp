@@ -20,7 +20,8 @@
 /// index set) happens in prepare; the accumulator is snapshotted there so that
 /// abandon() undoes the step. Link zlib (gradcomp::lgc): the index sets are
 /// DEFLATE-compressed. A plan with LGC layers needs
-/// `plan_options::lgc_factory = lgc_bucket_factory<Policy>()`.
+/// `plan_options::lgc_factory = lgc_bucket_factory<Policy>()` (defined with
+/// the parameter-server form, exchange/lgc_ps_bucket.hpp, included below).
 
 #include <algorithm>
 #include <cstddef>
@@ -507,15 +508,8 @@ class lgc_ring_bucket final : public bucket_codec {
   std::vector<std::size_t> bytes_;
 };
 
-/// The factory of plan_options::lgc_factory: makes the LGC bucket of a plan
-/// (the ring form for codec_kind::lgc_ring).
-template <ExecutionPolicy Policy = execution::seq>
-custom_bucket_factory lgc_bucket_factory() {
-  return [](const plan& p, const bucket_desc& b, int rank, int ranks) -> std::unique_ptr<bucket_codec> {
-    if (b.kind == codec_kind::lgc_ring) return std::make_unique<lgc_ring_bucket<Policy>>(p, b, rank, ranks);
-    throw invalid_argument_error(std::string("exchange: no LGC bucket for codec kind ") + to_string(b.kind));
-  };
-}
-
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::exchange
+
+// The parameter-server form and lgc_bucket_factory (which makes either form).
+#include <gradcomp/exchange/lgc_ps_bucket.hpp>

@@ -72,7 +72,7 @@ enum class codec_kind : std::uint8_t {
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
   custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
   lgc_ring = 10,  ///< LGC's ring form (seed 004, Alg. 2): full / top-k + training / code rounds; one bucket
-  lgc_ps = 11,    ///< LGC's parameter-server form (seed 004, Alg. 1): reserved, lgc_bucket_factory refuses it
+  lgc_ps = 11,    ///< LGC's parameter-server form (seed 004, Alg. 1), the server's work on every rank; one bucket
 };
 
 /// True for the LGC kinds (their layers form one bucket, made by plan_options::lgc_factory).
