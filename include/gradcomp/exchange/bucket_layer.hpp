@@ -98,6 +98,8 @@ class bucket_layer {
   std::uint64_t steps() const noexcept { return step_; }
   /// The GradiVeQ schedule shared by the plan's GradiVeQ layers.
   const gradiveq_schedule& schedule() const noexcept { return life_->schedule; }
+  /// This rank's eq. 7 loss over its GradiVeQ layers in the last step (zero outside L_c).
+  const local_loss_value& gradiveq_loss() const noexcept { return life_->loss; }
   /// The bucket codec of bucket b.
   const bucket_codec& bucket(std::size_t b) const { return *buckets_.at(b); }
 
@@ -373,6 +375,13 @@ class bucket_layer {
         case codec_kind::custom: {
           auto c = o.custom_factory(plan_, b, rank_, ranks_);
           if (!c) throw invalid_argument_error("exchange: plan_options::custom_factory returned no bucket codec");
+          out.push_back(std::move(c));
+          break;
+        }
+        case codec_kind::lgc_ring:
+        case codec_kind::lgc_ps: {  // plan_options::lgc_factory (exchange/lgc_bucket.hpp): LGC needs zlib
+          auto c = o.lgc_factory(plan_, b, rank_, ranks_);
+          if (!c) throw invalid_argument_error("exchange: plan_options::lgc_factory returned no bucket codec");
           out.push_back(std::move(c));
           break;
         }

@@ -20,6 +20,7 @@
 #include <gradcomp/homomorphic.hpp>
 #include <gradcomp/layout.hpp>
 #include <gradcomp/powersgd.hpp>
+#include <gradcomp/lgc/schedule.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -81,7 +82,12 @@ enum class codec_kind : std::uint8_t {
   bf16 = 7,      ///< bfloat16 (half.hpp): one sum round of a bfloat16 buffer
   homomorphic = 8,  ///< agreed-scale integer quantizer (homomorphic.hpp): a max round, then a sum of int32 words
   powersgd = 9,  ///< rank-r PowerSGD (Vogels et al. 2019): a sum round of the P's, then one of the Q's
+  lgc_ring = 10,  ///< LGC's ring form (seed 004, Alg. 2): full / top-k + training / code rounds; one bucket
+  lgc_ps = 11,    ///< LGC's parameter-server form (seed 004, Alg. 1), the server's work on every rank; one bucket
 };
+
+/// True for the LGC kinds (their layers form one bucket, made by plan_options::lgc_factory).
+constexpr bool is_lgc(codec_kind k) noexcept { return k == codec_kind::lgc_ring || k == codec_kind::lgc_ps; }
 
 /// A readable name of a codec kind.
 inline const char* to_string(codec_kind k) noexcept {
@@ -96,6 +102,8 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::bf16: return "bf16";
     case codec_kind::homomorphic: return "homomorphic";
     case codec_kind::powersgd: return "powersgd";
+    case codec_kind::lgc_ring: return "lgc_ring";
+    case codec_kind::lgc_ps: return "lgc_ps";
   }
   return "unknown";
 }
@@ -151,6 +159,18 @@ struct plan_options {
   /// plan's fingerprint: give another name to another custom codec or option).
   custom_bucket_factory custom_factory;
   std::string custom_name;
+  /// LGC's options (seed 004; lgc/schedule.hpp). Its layers form one bucket
+  /// whatever bucket_bytes says: the first layer of that bucket (when
+  /// `lgc.first_layer_dense`) and, with `lgc_rank1_dense`, its layers of tensor
+  /// rank 1 are concatenated into LGC's dense layer; the last other layer is
+  /// top-k only (when `lgc.last_layer_topk_only`); the rest go through the
+  /// autoencoder. exchange/lgc_bucket.hpp.
+  lgc_options lgc;
+  bool lgc_rank1_dense = true;
+  /// Makes the LGC bucket: set it to exchange::lgc_bucket_factory<Policy>()
+  /// (exchange/lgc_bucket.hpp; LGC needs zlib: link gradcomp::lgc), so that
+  /// plans without LGC never need zlib.
+  custom_bucket_factory lgc_factory;
 };
 
 
@@ -171,6 +191,10 @@ class plan {
     for (const auto& l : model_.layers()) kinds_.push_back(choose(l));
     if (std::find(kinds_.begin(), kinds_.end(), codec_kind::custom) != kinds_.end() && !opt_.custom_factory)
       throw invalid_argument_error("exchange::plan: custom layers need plan_options::custom_factory");
+    if (std::any_of(kinds_.begin(), kinds_.end(), is_lgc) && !opt_.lgc_factory)
+      throw invalid_argument_error(
+          "exchange::plan: LGC layers need plan_options::lgc_factory = exchange::lgc_bucket_factory<Policy>() "
+          "(exchange/lgc_bucket.hpp)");
     make_buckets();
     fingerprint_ = compute_fingerprint();
   }
@@ -204,7 +228,7 @@ class plan {
     for (std::size_t i = 0; i < model_.size(); ++i) {
       const auto k = static_cast<std::size_t>(kinds_[i]);
       const std::size_t n = model_[i].shape.size();
-      if (open[k] >= 0 && buckets_[static_cast<std::size_t>(open[k])].elements + n <= cap) {
+      if (open[k] >= 0 && (is_lgc(kinds_[i]) || buckets_[static_cast<std::size_t>(open[k])].elements + n <= cap)) {
         auto& b = buckets_[static_cast<std::size_t>(open[k])];
         b.layers.push_back(i);
         b.elements += n;
@@ -281,6 +305,24 @@ class plan {
       for (std::uint64_t v : {std::uint64_t(ps.rank), std::uint64_t(ps.error_feedback), std::uint64_t(ps.warm_start),
                               ps.seed, std::uint64_t(ps.start_iter), std::uint64_t(ps.min_elements)})
         w.put<std::uint64_t>(v);
+    }
+    if (std::any_of(kinds_.begin(), kinds_.end(), is_lgc)) {  // plans without LGC keep their fingerprint
+      const auto& l = opt_.lgc;
+      for (double v : {l.alpha_percent, l.innovation_percent, double(l.momentum), double(l.learning_rate),
+                       double(l.lambda1), double(l.lambda2), double(l.architecture.leaky_slope)})
+        w.put<double>(v);
+      for (std::uint64_t v : {std::uint64_t(l.first_layer_dense), std::uint64_t(l.last_layer_topk_only),
+                              std::uint64_t(l.feedback_reconstruction_error), std::uint64_t(l.window),
+                              std::uint64_t(l.schedule.full_iterations), std::uint64_t(l.schedule.training_iterations),
+                              std::uint64_t(l.optimizer), std::uint64_t(std::int64_t(l.deflate_level)), l.seed,
+                              std::uint64_t(l.trainer_rank), std::uint64_t(l.common_worker),
+                              std::uint64_t(opt_.lgc_rank1_dense), std::uint64_t(l.architecture.code_channels),
+                              std::uint64_t(l.architecture.kernel)})
+        w.put<std::uint64_t>(v);
+      for (const auto* ch : {&l.architecture.encoder_channels, &l.architecture.decoder_channels}) {
+        w.put<std::uint64_t>(ch->size());
+        for (auto c : *ch) w.put<std::uint64_t>(c);
+      }
     }
     return wire::crc32c(0, bytes);
   }
