@@ -326,7 +326,7 @@ class CompressionState:
         return self
 
 
-def hook(state: CompressionState, bucket) -> torch.futures.Future:
+def hook(state, bucket):  # no annotations: DDP checks them, and `from __future__ import annotations` makes strings
     """The comm hook of every gradcomp state: ``ddp.register_comm_hook(state, gradcomp.torch.hook)``."""
     return state._run(bucket)
 

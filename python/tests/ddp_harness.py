@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import queue as queue_module
 import socket
+import time
 import traceback
 
 import torch
@@ -53,10 +55,20 @@ def spawn(world: int, fn, *args, timeout: float = 240.0):
     for p in procs:
         p.start()
     results = {}
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(world):
-            rank, result = queue.get(timeout=timeout)
-            results[rank] = result
+        while len(results) < world:
+            try:
+                rank, result = queue.get(timeout=0.5)
+                results[rank] = result
+                continue
+            except queue_module.Empty:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(results))} did not report in {timeout} s")
+            for r, p in enumerate(procs):  # a rank that exited without a result (killed, os._exit)
+                if r not in results and not p.is_alive() and queue.empty():
+                    results[r] = ("exited", p.exitcode)
     finally:
         for p in procs:
             p.join(timeout=30)
