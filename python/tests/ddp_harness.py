@@ -70,10 +70,14 @@ def spawn(world: int, fn, *args, timeout: float = 240.0):
                 if r not in results and not p.is_alive() and queue.empty():
                     results[r] = ("exited", p.exitcode)
     finally:
+        # every rank has reported: give them a moment to leave, then end them (a process whose
+        # backward raised inside a comm hook may not get through the process group's teardown)
+        grace = time.monotonic() + 5
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=max(0.1, grace - time.monotonic()))
             if p.is_alive():
                 p.kill()
+                p.join()
     return [results[r] for r in range(world)]
 
 

@@ -94,6 +94,17 @@ def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
     return full, digest(model), sorted(ck["hook"]["params"])
 
 
+def resume_all(rank, world, codecs):
+    """resume() for each codec, and for two-bit once more without loading the hook state (the control)."""
+    out = {codec: resume(rank, world, codec) for codec in codecs}
+    out["two_bit without hook state"] = resume(rank, world, "two_bit", load_hook_state=False)
+    return out
+
+
+def nan_all(rank, world, codecs):
+    return {codec: nan_on_one_rank(rank, world, codec) for codec in codecs}
+
+
 def nan_on_one_rank(rank, world, codec, bad_rank=1, bad_step=3):
     model, ddp, state, opt, _ = build(codec)
     for step in range(bad_step + 2):
@@ -132,5 +143,5 @@ def readme_example(rank, world, code, workdir):
     scope = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), scope)
     state = scope["state"]
-    return {"hook_calls": state.stats["hook_calls"], "files": sorted(os.listdir(workdir)),
+    return {"hook_calls": state.stats["hook_calls"],
             "digest": digest(scope["model"])}
