@@ -44,7 +44,7 @@ import torch.distributed as dist
 from . import _core
 
 __all__ = [
-    "CompressionState", "DenseState", "GradiVeQState", "QSGDState", "TwoBitState", "TopKState", "hook",
+    "CompressionState", "DenseState", "GradiVeQState", "QSGDState", "TwoBitState", "TopKState", "backward", "hook",
     "STATE_FORMAT",
 ]
 
@@ -105,6 +105,9 @@ class CompressionState:
         self._layers: Dict[str, _core.BucketLayer] = {}
         self._pending: Dict[str, bytes] = {}
         self._history: Dict[tuple, List[int]] = {}
+        #: The ExchangeFailure the hook raised last (torch 1.x's DDP hands a hook's exception to
+        #: backward() as a RuntimeError holding only its text: gradcomp.torch.backward re-raises this one).
+        self.failure: Optional[_core.ExchangeFailure] = None
         self._rank: Optional[int] = None
         self._ranks: Optional[int] = None
         self.stats = {"hook_calls": 0, "collectives": 0, "extra_collectives": 0, "bytes_sent": 0,
@@ -213,7 +216,8 @@ class CompressionState:
         self._exchange(tuple(names), layers, sizes)
         reports = [layer.finish_step([view]) for layer, view in zip(layers, views)]
         if any(r["skipped"] for r in reports):
-            raise self._failure(bucket.index(), names, reports)
+            self.failure = self._failure(bucket.index(), names, reports)
+            raise self.failure
         if host is not buf:
             buf.copy_(host)
         self.stats["hook_calls"] += 1
@@ -329,6 +333,26 @@ class CompressionState:
 def hook(state, bucket):  # no annotations: DDP checks them, and `from __future__ import annotations` makes strings
     """The comm hook of every gradcomp state: ``ddp.register_comm_hook(state, gradcomp.torch.hook)``."""
     return state._run(bucket)
+
+
+def backward(loss: torch.Tensor, *states: CompressionState) -> None:
+    """``loss.backward()`` that raises a hook's ``gradcomp.ExchangeFailure`` as itself.
+
+    torch 2.x passes the exception a comm hook raised through ``backward()``
+    unchanged; torch 1.13's DDP turns it into a ``RuntimeError`` carrying only
+    its text. This re-raises the state's own exception object in that case."""
+    for s in states:
+        s.failure = None
+    try:
+        loss.backward()
+    except RuntimeError as e:
+        if isinstance(e, _core.Error):
+            raise
+        for s in states:
+            if s.failure is not None:
+                failure, s.failure = s.failure, None
+                raise failure from e
+        raise
 
 
 class DenseState(CompressionState):
