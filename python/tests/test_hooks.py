@@ -48,11 +48,11 @@ def test_state_dict_resumes_bit_for_bit_at_2_ranks():
     per_rank = h.unwrap(h.spawn(2, workers.resume_all, codecs))
     for results in per_rank:
         for codec in codecs:
-            full, resumed, names = results[codec]
+            full, resumed, names, _ = results[codec]
             assert resumed == full, f"{codec}: the resumed run differs from the uninterrupted one"
             assert "fc1.weight" in names and "conv1.weight" in names  # keyed by parameter name
         # the control: two-bit's residuals matter, so resuming without them changes the weights
-        full, resumed, _ = results["two_bit without hook state"]
+        full, resumed, _, _ = results["two_bit without hook state"]
         assert resumed != full
 
 

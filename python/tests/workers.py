@@ -80,6 +80,7 @@ def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
     model, ddp, state, opt, _ = build(codec)
     steps(rank, ddp, opt, 0, total)
     full = digest(model)
+    full_params = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     model, ddp, state, opt, _ = build(codec)
     steps(rank, ddp, opt, 0, stop)
@@ -95,7 +96,8 @@ def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
     if load_hook_state:
         state.load_state_dict(ck["hook"])
     steps(rank, ddp, opt, stop, total)
-    return full, digest(model), sorted(ck["hook"]["params"])
+    diff = max(float((p.detach() - full_params[n]).abs().max()) for n, p in model.named_parameters())
+    return full, digest(model), sorted(ck["hook"]["params"]), diff
 
 
 def resume_all(rank, world, codecs):
