@@ -176,6 +176,8 @@ def worker(rank, world, port, name, args, data, queue):
             F.cross_entropy(ddp(x), y).backward()
             opt.step()
             times.append(time.perf_counter() - t0)
+            if rank == 0 and args.progress and (step + 1) % args.progress == 0:
+                print(f"  {name}: step {step + 1}/{args.steps}", flush=True)
         model.eval()
         with torch.no_grad():
             n = min(args.eval, len(test_y))
@@ -240,6 +242,7 @@ def main():
     ap.add_argument("--gradiveq-sampling", type=int, default=10)
     ap.add_argument("--gradiveq-compressed", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per hook run")
+    ap.add_argument("--progress", type=int, default=0, help="print every N steps (rank 0)")
     ap.add_argument("--out", default="train_ddp_out", help="folder of the CSV and PNG")
     args = ap.parse_args()
     data = load_data(args)
@@ -248,7 +251,9 @@ def main():
     rows = []
     gradcomp_failures = powersgd_failures = 0
     for name in hooks:
+        t0 = time.perf_counter()
         results = run_hook(name, args, data)
+        print(f"{name:18s} ran in {time.perf_counter() - t0:.0f} s", flush=True)
         ok = [r for r in results if r.get("ok")]
         unsupported = [r for r in results if r.get("unsupported")]
         if unsupported:
