@@ -15,6 +15,7 @@ packages=(
   libsimgrid-dev                                      # smpicxx/smpirun: the MPI tests under SimGrid SMPI (label smpi)
   doctest-dev                                         # unit tests
   python3 python3-venv                                # packaging.conan: a venv with the Conan 2 client from PyPI
+  python3-torch                                       # stage python: Debian's torch 1.13, the oldest torch the hooks support
   zlib1g-dev libzstd-dev libcli11-dev                 # examples
   libtorch-dev dataset-fashion-mnist gnuplot-nox      # examples/train: end-to-end training demo
   python3-matplotlib                                  # bench/smpi/run: the speedup PNG

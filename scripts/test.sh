@@ -13,6 +13,11 @@
 #   tsan       -fsanitize=thread build of the transport, ring and driver tests
 #   fuzz       clang libFuzzer build of fuzz/ (ASan+UBSan), each fuzzer run for
 #              $GRADCOMP_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/<name>
+#   python     the Python package: a venv with PyPI's torch 2.15.0 (scripts/python-env.sh,
+#              wheels cached in ~/.cache/gradcomp-python), the package's wheel
+#              (scikit-build-core + nanobind), then pytest python/tests (DDP comm
+#              hooks on gloo with 2 and 4 processes); again with Debian's
+#              python3-torch 1.13 (/usr/bin/python3, system site packages)
 #
 #   bash scripts/test.sh                 every stage
 #   bash scripts/test.sh quick           the release stage only
@@ -29,7 +34,7 @@ root="$(pwd)"
 jobs="${GRADCOMP_JOBS:-2}"
 ci="${GRADCOMP_CI_DIR:-$root/build-ci}"
 fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
-all_stages=(release quickstart asan tsan fuzz)
+all_stages=(release quickstart asan tsan fuzz python)
 # Ninja builds the several targets of one `cmake --build --target a b c` in
 # parallel (CMake's Makefiles build them one after the other).
 generator=()
@@ -44,7 +49,7 @@ for arg in "$@"; do
   case "$arg" in
     quick) stages+=(release) ;;
     all) stages+=("${all_stages[@]}") ;;
-    release|quickstart|asan|tsan|fuzz) stages+=("$arg") ;;
+    release|quickstart|asan|tsan|fuzz|python) stages+=("$arg") ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "test.sh: unknown stage '$arg' (stages: ${all_stages[*]} quick all)" >&2; exit 2 ;;
   esac
@@ -214,6 +219,44 @@ stage_fuzz() {
     fi
   done
   stage_note="${fuzzers[*]} ${fuzz_seconds}s each"
+  return "$status"
+}
+
+# pytest in the venv of python $1 (label $2), with gradcomp's wheel installed.
+run_pytest() {
+  local py="$1" label="$2" t0=$SECONDS
+  "$py" -m pip install -q --force-reinstall --no-deps --no-index "$ci"/python/dist/gradcomp-*.whl || return 1
+  local log="$ci/python/pytest-$label.log"
+  (cd "$root" && "$py" -m pytest -p no:cacheprovider -q --durations=8 python/tests) 2>&1 | tee "$log"
+  local status=${PIPESTATUS[0]}
+  ctest_summary+="pytest ($label): $(grep -E '[0-9]+ (passed|failed)' "$log" | tail -n 1) ($((SECONDS - t0)) s). "
+  return "$status"
+}
+
+stage_python() {
+  [ -f pyproject.toml ] || { skip_stage "pyproject.toml is not in this checkout"; return 0; }
+  local py t0 status=0
+  t0=$SECONDS
+  py="$(bash scripts/python-env.sh | tail -n 1)" || { stage_note="making the venv FAILED"; return 1; }
+  echo "test.sh: python venv ready in $((SECONDS - t0)) s ($py)"
+  t0=$SECONDS
+  # One wheel (the module links no libtorch) for every torch below. The build
+  # requirements are in the venv: no isolation, no index (works offline).
+  rm -rf "$ci/python/dist"
+  if ! "$py" -m pip wheel -q --no-build-isolation --no-index --no-deps -w "$ci/python/dist" \
+       --config-settings=build-dir="$ci/python/{wheel_tag}" "$root"; then
+    stage_note="building the wheel FAILED"
+    return 1
+  fi
+  echo "test.sh: gradcomp wheel built in $((SECONDS - t0)) s"
+  run_pytest "$py" "torch 2.15.0" || status=1
+  # Debian 12's python3-torch 1.13, the oldest torch supported (installed by install-deps.sh).
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    py="$(bash scripts/python-env.sh debian | tail -n 1)" || { stage_note="the Debian venv FAILED"; return 1; }
+    run_pytest "$py" "debian torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')" || status=1
+  else
+    stage_note="(Debian's python3-torch is not installed: torch 1.13 not tested)"
+  fi
   return "$status"
 }
 

@@ -1,0 +1,119 @@
+"""gradcomp._core (the bucket layer on numpy buffers) and the error hierarchy, in one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import gradcomp
+import gradcomp.torch as gt
+from ddp_harness import Net
+
+
+def _model():
+    m = gradcomp.ModelDescription()
+    m.add_conv("conv", 8, 4, 3, 3).add_dense("fc", 5000).add_dense("bias", 8, 1)
+    return m
+
+
+def _run_step(layers, grads):
+    """Drives the rounds of every rank's layer by hand (sum, max, all_gather)."""
+    for layer, g in zip(layers, grads):
+        layer.begin_step(g)
+    while True:
+        rounds = [layer.next_round() for layer in layers]
+        if rounds[0] is None:
+            assert all(r is None for r in rounds)
+            break
+        if rounds[0].op == "all_gather":
+            payloads = [r.payload for r in rounds]
+            for layer in layers:
+                layer.complete_round(payloads)
+        else:
+            total = np.sum([r.buffer for r in rounds], axis=0) if rounds[0].op == "sum" else \
+                np.max([r.buffer for r in rounds], axis=0)
+            for r in rounds:
+                r.buffer[:] = total
+            for layer in layers:
+                layer.complete_round()
+    return [layer.finish_step(g) for layer, g in zip(layers, grads)]
+
+
+@pytest.mark.parametrize("codec", ["dense", "qsgd", "two_bit", "top_k"])
+def test_bucket_layer_means_over_ranks(codec):
+    plan = gradcomp.Plan(_model(), {"conv": codec, "fallback": codec, "small": codec, "top_k_ratio_percent": 100.0,
+                                    "qsgd_bits": 8, "two_bit_auto_scale": 1.0})
+    layers = [gradcomp.BucketLayer(plan, r, 3) for r in range(3)]
+    rng = np.random.default_rng(0)
+    grads = [[rng.standard_normal(n).astype(np.float32) for _, n, _ in _model().layers] for _ in range(3)]
+    want = [np.mean([g[i] for g in grads], axis=0) for i in range(3)]
+    reports = _run_step(layers, grads)
+    assert all(not r["skipped"] and r["step"] == 1 for r in reports)
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0]):
+            assert np.array_equal(a, b)  # every rank the same result
+    if codec in ("dense", "top_k"):  # exact (top-k at 100% sends everything)
+        for a, b in zip(grads[0], want):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_non_finite_gradient_is_agreed_and_state_round_trips():
+    plan = gradcomp.Plan(_model(), {"fallback": "two_bit", "conv": "two_bit"})
+    layers = [gradcomp.BucketLayer(plan, r, 2, "throw") for r in range(2)]
+    grads = [[np.ones(n, np.float32) for _, n, _ in _model().layers] for _ in range(2)]
+    _run_step(layers, grads)
+    saved = layers[1].save_state()
+    grads = [[np.ones(n, np.float32) for _, n, _ in _model().layers] for _ in range(2)]
+    grads[1][1][7] = np.nan
+    for layer, g in zip(layers, grads):
+        layer.begin_step(g)
+    rounds = [layer.next_round() for layer in layers]
+    caught = []
+    for layer in layers:
+        with pytest.raises(gradcomp.ExchangeFailure) as e:
+            layer.complete_round([r.payload for r in rounds]) if rounds[0].op == "all_gather" else \
+                layer.complete_round()
+        caught.append(e.value)
+    assert [(e.rank, e.reason) for e in caught] == [(1, "non-finite gradient")] * 2
+    assert str(caught[0]) == str(caught[1]) and "layer 'fc'" in str(caught[0])
+    assert layers[1].save_state() == saved  # rolled back
+    other = gradcomp.BucketLayer(plan, 0, 2)
+    with pytest.raises(gradcomp.OptionMismatch):
+        other.restore_state(saved)  # rank 1's checkpoint on rank 0
+    with pytest.raises(gradcomp.WireError):
+        layers[1].restore_state(saved[:-3] + b"xyz")
+    with pytest.raises(gradcomp.LayoutError):
+        gradcomp.BucketLayer(gradcomp.Plan(_model(), {"fallback": "qsgd"}), 1, 2).restore_state(saved)
+
+
+def test_errors_form_a_hierarchy():
+    for cls in (gradcomp.InvalidArgument, gradcomp.LayoutError, gradcomp.NonFinite, gradcomp.ExchangeFailure,
+                gradcomp.WireError, gradcomp.OptionMismatch, gradcomp.SizeMismatch, gradcomp.TransportError):
+        assert issubclass(cls, gradcomp.Error)
+    assert issubclass(gradcomp.InvalidArgument, ValueError)
+    assert issubclass(gradcomp.OptionMismatch, gradcomp.StateError)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: gt.QSGDState(m, bits=3),
+    lambda m: gt.TopKState(m, ratio_percent=0.0),
+    lambda m: gt.TwoBitState(m, threshold=-1.0),
+    lambda m: gt.GradiVeQState(m, sampling_iterations=1),
+    lambda m: gt.QSGDState(m, bitz=4),
+    lambda m: gt.DenseState(m, small="no-such-codec"),
+])
+def test_invalid_codec_parameter_raises_invalid_argument(make):
+    with pytest.raises(gradcomp.InvalidArgument):
+        make(Net())
+
+
+def test_load_state_dict_of_another_configuration():
+    model = Net()
+    with pytest.raises(gradcomp.LayoutError):
+        gt.QSGDState(model).load_state_dict({"format": gt.STATE_FORMAT, "codec": "two_bit", "params": {}})
+    with pytest.raises(gradcomp.LayoutError):
+        gt.QSGDState(model).load_state_dict({"format": gt.STATE_FORMAT, "codec": "qsgd",
+                                             "params": {"no.such.weight": b""}})
+    with pytest.raises(gradcomp.LayoutError):
+        gt.QSGDState(model).load_state_dict({"weights": torch.zeros(1)})

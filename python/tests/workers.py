@@ -1,0 +1,157 @@
+"""Per-rank bodies of the hook tests (run by ddp_harness.spawn in each process)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradcomp
+import gradcomp.torch as gt
+from ddp_harness import Net, data, digest, eval_loss
+
+CAP_MB = 0.02
+TORCH_MAJOR = int(torch.__version__.split(".")[0])  # DDP bucket cap: the test net spreads over >= 4 buckets
+
+
+def make_state(codec: str, model):
+    if codec == "dense":
+        return gt.DenseState(model)
+    if codec == "gradiveq":  # a short schedule: warm-up 3, L_t 4 (QSGD sampling), then compressed steps
+        return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=50)
+    if codec == "qsgd":
+        return gt.QSGDState(model, bits=4)
+    if codec == "two_bit":
+        return gt.TwoBitState(model, auto_scale=1.0)
+    if codec == "top_k":
+        return gt.TopKState(model, ratio_percent=10.0)
+    raise ValueError(codec)
+
+
+def build(codec, seed=0):
+    # torch before 2.x caps DDP's first bucket at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) whatever
+    # bucket_cap_mb says (and says to set it to tune it): the same small cap for every bucket here
+    torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * 1024 * 1024)
+    torch.manual_seed(seed)
+    model = Net()
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    state = make_state(codec, model)
+    buckets = set()
+
+    def counting_hook(st, bucket):
+        buckets.add(bucket.index())
+        return gt.hook(st, bucket)
+
+    ddp.register_comm_hook(state, counting_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    return model, ddp, state, opt, buckets
+
+
+def steps(rank, ddp, opt, first, last, salt=0):
+    for step in range(first, last):
+        x, y = data(rank, step + salt)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+
+def train(rank, world, codec, n_steps=20, runs=1):
+    """`runs` trainings of `n_steps` steps; per run: the weights' digest, losses, buckets, stats."""
+    out = []
+    for run in range(runs):
+        model, ddp, state, opt, buckets = build(codec, seed=run)
+        loss0 = eval_loss(model)
+        t0 = time.perf_counter()
+        steps(rank, ddp, opt, 0, n_steps, salt=100 * run)
+        out.append({"digest": digest(model), "loss0": loss0, "loss": eval_loss(model), "buckets": len(buckets),
+                    "stats": dict(state.stats), "phases": sorted(set(state.phases().values())),
+                    "step_ms": 1000 * (time.perf_counter() - t0) / n_steps})
+    return out
+
+
+def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
+    """The digest of an uninterrupted run of `total` steps, and of a run stopped at
+    `stop`, checkpointed (model, optimizer, hook state through torch.save), rebuilt and resumed."""
+    model, ddp, state, opt, _ = build(codec)
+    steps(rank, ddp, opt, 0, total)
+    full = digest(model)
+    full_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    model, ddp, state, opt, _ = build(codec)
+    steps(rank, ddp, opt, 0, stop)
+    blob = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, blob)
+    del model, ddp, state, opt
+
+    model, ddp, state, opt, _ = build(codec)
+    blob.seek(0)
+    ck = torch.load(blob)  # weights_only (the default since torch 2.6): the hook state is plain bytes
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    if load_hook_state:
+        state.load_state_dict(ck["hook"])
+    steps(rank, ddp, opt, stop, total)
+    diff = max(float((p.detach() - full_params[n]).abs().max()) for n, p in model.named_parameters())
+    return full, digest(model), sorted(ck["hook"]["params"]), diff
+
+
+def resume_all(rank, world, codecs):
+    """resume() for each codec, and for two-bit once more without loading the hook state (the control)."""
+    out = {codec: resume(rank, world, codec) for codec in codecs}
+    out["two_bit without hook state"] = resume(rank, world, "two_bit", load_hook_state=False)
+    return out
+
+
+def nan_all(rank, world, codecs):
+    return {codec: nan_on_one_rank(rank, world, codec) for codec in codecs}
+
+
+def nan_on_one_rank(rank, world, codec, bad_rank=1, bad_step=3):
+    model, ddp, state, opt, _ = build(codec)
+    for step in range(bad_step + 2):
+        if rank == bad_rank and step == bad_step:
+            model.fc2.weight.register_hook(lambda g: g * float("nan"))
+        x, y = data(rank, step)
+        opt.zero_grad()
+        try:
+            loss = F.cross_entropy(ddp(x), y)
+            if TORCH_MAJOR >= 2:
+                loss.backward()  # torch 2.x hands the hook's exception to backward() unchanged
+            else:
+                gt.backward(loss, state)  # torch 1.13 wraps it in a RuntimeError
+        except gradcomp.ExchangeFailure as e:
+            return {"step": step, "message": str(e), "rank": e.rank, "reason": e.reason, "parameter": e.parameter,
+                    "type": type(e).__name__}
+        opt.step()
+    return {"step": None}
+
+
+def dead_rank(rank, world, codec, dead=1, at_step=2):
+    """Rank `dead` exits at `at_step`; the others must raise within the process group's timeout."""
+    model, ddp, state, opt, _ = build(codec)
+    for step in range(at_step + 2):
+        if rank == dead and step == at_step:
+            os._exit(0)
+        x, y = data(rank, step)
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        try:
+            F.cross_entropy(ddp(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - gloo's error type varies between versions
+            return {"step": step, "seconds": time.perf_counter() - t0, "error": type(e).__name__}
+        opt.step()
+    return {"step": None}
+
+
+def readme_example(rank, world, code, workdir):
+    os.chdir(workdir)
+    scope = {"__name__": "readme_example"}
+    exec(compile(code, "README.md", "exec"), scope)
+    state = scope["state"]
+    return {"hook_calls": state.stats["hook_calls"],
+            "digest": digest(scope["model"])}
