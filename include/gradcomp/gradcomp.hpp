@@ -12,11 +12,14 @@
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/half.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/layout.hpp>
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/parameter_server.hpp>
 #include <gradcomp/payloads/dense.hpp>
 #include <gradcomp/payloads/sparse_coo.hpp>
+#include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/payloads/topk.hpp>
 #include <gradcomp/powersgd.hpp>
 #include <gradcomp/presets/parameter_server_rules.hpp>
