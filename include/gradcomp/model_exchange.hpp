@@ -11,7 +11,10 @@
 ///  - exchange/bucket_codecs.hpp, exchange/gradiveq_bucket.hpp   the library's codecs as bucket codecs
 ///  - exchange/bucket_layer.hpp the transport-free layer a framework drives with its own collectives
 ///  - exchange/collectives.hpp, exchange/model_exchange.hpp   the exchange over gradcomp's transports
+///  - exchange/schedule_collectives.hpp, exchange/auto_collectives.hpp   sum rounds on other all-reduce
+///    schedules (schedules.hpp), fixed or chosen by the cost model
 
+#include <gradcomp/exchange/auto_collectives.hpp>
 #include <gradcomp/exchange/bucket_codecs.hpp>
 #include <gradcomp/exchange/bucket_layer.hpp>
 #include <gradcomp/exchange/collectives.hpp>
@@ -19,3 +22,4 @@
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
 #include <gradcomp/exchange/model_exchange.hpp>
+#include <gradcomp/exchange/schedule_collectives.hpp>

@@ -29,6 +29,8 @@
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/schedules/agreement.hpp>
+#include <gradcomp/schedules/cost_model.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>
 #include <gradcomp/schedules/library.hpp>
 #include <gradcomp/schedules/link.hpp>
