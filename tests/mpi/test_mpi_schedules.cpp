@@ -114,8 +114,10 @@ TEST_CASE("mpi schedules: every schedule sums, the same bits on every rank, awkw
                                  schedule_kind::hierarchical, schedule_kind::library})
         for (bool average : {false, true}) {
           CAPTURE(len);
-          CAPTURE(to_string(kind));
+          const std::string kind_name = to_string(kind);
+          CAPTURE(kind_name);
           CAPTURE(average);
+          CAPTURE(with_deadline);
           const auto x = inputs(n, len, 21 + len);
           vec mine = x[std::size_t(r)];
           schedule_options o{.kind = kind, .average = average, .chunk_elements = 4096};

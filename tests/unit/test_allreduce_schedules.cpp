@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -206,4 +208,58 @@ TEST_CASE("schedules: a GradiVeQ codec configured for another N is rejected") {
     auto mine = codec;
     gradcomp::rabenseifner_allreduce_linear(ep, mine, x[std::size_t(ep.rank())]);
   }), gradcomp::invalid_argument_error);
+}
+
+namespace {
+
+// A library whose all-reduce leaves different bits on different ranks (as an
+// algorithm summing in a rank-dependent order may): the ring's sum, with the
+// last bit of element 0 flipped on rank 1. Its max runs the pipelined ring
+// with a max in place of the addition.
+struct sloppy_library {
+  inproc_endpoint* ep;
+  int rank() const { return ep->rank(); }
+  int size() const { return ep->size(); }
+  auto isend(int d, int tag, std::vector<std::byte>&& b) { return ep->isend(d, tag, std::move(b)); }
+  auto irecv(int s, int tag) { return ep->irecv(s, tag); }
+  void library_allreduce_sum(std::span<float> x) {
+    gradcomp::ring_allreduce(*ep, x, {.tag_base = 100});
+    if (ep->rank() == 1 && !x.empty()) {
+      std::uint32_t w;
+      std::memcpy(&w, &x[0], 4);
+      w ^= 1u;
+      std::memcpy(&x[0], &w, 4);
+    }
+  }
+  void library_allreduce_max(std::span<float> x) {
+    auto max = [](std::span<float> acc, std::span<const float> in) {
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = std::max(acc[i], in[i]);
+    };
+    gradcomp::detail::pipelined_ring_impl(*ep, x, schedule_options{.tag_base = 200, .tag_owner = gradcomp::tags::user}, max);
+  }
+};
+static_assert(gradcomp::LibraryMaxTransport<sloppy_library>);
+
+}  // namespace
+
+TEST_CASE("schedules: the library schedule guarantees the same bits even when the library does not") {
+  const int n = 3;
+  const auto x = inputs(n, 50, 2);
+  for (bool check : {true, false}) {
+    std::vector<vec> out = x;
+    std::vector<ring_stats> st(n);
+    run_workers(n, [&](inproc_endpoint& ep) {
+      sloppy_library lib{&ep};
+      st[std::size_t(ep.rank())] = gradcomp::allreduce(
+          lib, std::span<float>(out[std::size_t(ep.rank())]),
+          {.kind = schedule_kind::library, .tag_base = 300, .tag_owner = gradcomp::tags::user, .check_library_bits = check});
+    });
+    CHECK(max_rel(out[0], exact_sum(x)) < 1e-5);
+    if (check) {
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+      CHECK(st[0].bytes_sent == 50 * sizeof(float));  // rank 0's bits were broadcast
+    } else {
+      CHECK_FALSE(bit_equal(out[1], out[0]));  // what the check prevents
+    }
+  }
 }

@@ -77,6 +77,9 @@ struct schedule_options {
   /// one switch or on one node). Must divide N; 0 or 1 or N: one level (the
   /// pipelined ring).
   int group_size = 0;
+  /// Library: compare a digest of the library's result across ranks and
+  /// broadcast rank 0's bits where they differ (see library_allreduce).
+  bool check_library_bits = true;
 };
 
 namespace detail {

@@ -447,9 +447,9 @@ class mpi_transport {
 
   /// The MPI library's own all-reduce (gradcomp::LibraryAllreduceTransport,
   /// schedules/library.hpp): sums `x` in place over the communicator with
-  /// MPI_Allreduce(MPI_FLOAT, MPI_SUM). With a timeout it runs
-  /// MPI_Iallreduce on a copy and waits with the transport's deadline
-  /// (timeout_error; the copy is then left to MPI, never freed under it).
+  /// MPI_Allreduce(MPI_FLOAT, MPI_SUM). With a timeout (not under SMPI) it
+  /// runs MPI_Iallreduce on copies and waits with the transport's deadline
+  /// (timeout_error; the copies are then left to MPI, never freed under it).
   void library_allreduce_sum(std::span<float> x) { library_allreduce(x.data(), x.size(), sizeof(float), MPI_FLOAT, MPI_SUM); }
   /// The same on 32-bit words summed modulo 2^32 (MPI_UINT32_T, MPI_SUM).
   void library_allreduce_sum(std::span<std::uint32_t> x) {
@@ -481,13 +481,17 @@ class mpi_transport {
     for (std::size_t at = 0; at < count;) {
       const std::size_t n = std::min<std::size_t>(count - at, static_cast<std::size_t>(INT_MAX));
       std::byte* piece = base + at * elem;
-      if (options_.timeout.count() == 0) {
+      if (options_.timeout.count() == 0 || mpi_simulated) {
+        // No deadline (or SMPI, where no rank dies and MPI_Iallreduce is unreliable): the blocking call.
         detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, piece, static_cast<int>(n), type, op, comm_), "MPI_Allreduce");
       } else {
-        // A copy MPI may keep writing after a timeout: on timeout it is kept alive in abandoned_.
-        auto copy = std::make_shared<std::vector<std::byte>>(piece, piece + n * elem);
+        // Send and receive buffers of our own, which MPI may keep using after
+        // a timeout: they are then kept alive in abandoned_.
+        auto bufs = std::make_shared<std::vector<std::byte>>(2 * n * elem);
+        std::memcpy(bufs->data(), piece, n * elem);
         MPI_Request request = MPI_REQUEST_NULL;
-        detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, copy->data(), static_cast<int>(n), type, op, comm_, &request),
+        detail::mpi_check(MPI_Iallreduce(bufs->data(), bufs->data() + n * elem, static_cast<int>(n), type, op, comm_,
+                                         &request),
                           "MPI_Iallreduce");
         const auto started = clock::now();
         detail::poll_backoff backoff;
@@ -496,13 +500,14 @@ class mpi_transport {
           detail::mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (all-reduce)");
           if (done) break;
           if (clock::now() - started > options_.timeout) {
-            abandoned_.push_back(std::move(copy));
-            throw timeout_error("gradcomp mpi: rank " + std::to_string(rank_) + ": the library all-reduce did not complete within " +
+            abandoned_.push_back(std::move(bufs));
+            throw timeout_error("gradcomp mpi: rank " + std::to_string(rank_) +
+                                ": the library all-reduce did not complete within " +
                                 std::to_string(options_.timeout.count()) + " ms (a rank died or stopped)");
           }
           backoff.pause();
         }
-        std::memcpy(piece, copy->data(), n * elem);
+        std::memcpy(piece, bufs->data() + n * elem, n * elem);
       }
       at += n;
     }
