@@ -8,11 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/model_exchange.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/schedules.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
 #include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
 #include <support/ring_fixtures.hpp>
 
 #include <mpi.h>
@@ -240,5 +242,41 @@ TEST_CASE("mpi schedules: waiting 300 ms for a late peer uses little CPU, and th
       CHECK(waited < 0.5);  // the deadline plus at most one sleep, with room for a loaded machine
     }
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("mpi schedules: the exchange on Rabenseifner, the library and the cost model's choice, the same bits everywhere") {
+  namespace gx = gradcomp::exchange;
+  const int r = world_rank();
+  auto run = [&](auto collectives) {
+    transport::mpi_transport t(MPI_COMM_WORLD);
+    const gx::plan p = gradcomp::test_support::every_codec_plan(3);
+    gx::model_exchange ex(t, p, {}, std::move(collectives));
+    std::vector<vec> g;
+    for (std::uint64_t step = 0; step < 9; ++step) {  // through GradiVeQ's sampling and compressed phases
+      g.clear();
+      for (std::size_t l = 0; l < p.model().layers().size(); ++l)
+        g.push_back(counter_gaussian(p.model().layers()[l].shape.size(), 1000 * step + 10 * std::uint64_t(r) + l, 0.1f));
+      std::vector<std::span<float>> sp(g.begin(), g.end());
+      const auto& st = ex.step(sp);
+      CHECK_FALSE(st.skipped);
+    }
+    return std::make_pair(g, ex.save_state().size());
+  };
+  const auto ring = run(gx::ring_collectives<>{}).first;
+  const auto rab = run(gx::rabenseifner_collectives<>{}).first;
+  const auto lib = run(gx::library_collectives<>{}).first;
+  gx::auto_collectives_options o;
+  o.model.group_size = world_size() % 2 == 0 && world_size() > 2 ? 2 : 0;
+  const auto chosen = run(gx::auto_collectives<>(o));
+  CHECK(chosen.second > 0);
+  for (std::size_t l = 0; l < ring.size(); ++l) {
+    CAPTURE(l);
+    CHECK(same_on_every_rank(rab[l]));
+    CHECK(same_on_every_rank(lib[l]));
+    CHECK(same_on_every_rank(chosen.first[l]));
+    CHECK(rel_error(rab[l], ring[l]) < 1e-3);
+    CHECK(rel_error(lib[l], ring[l]) < 1e-3);
+    CHECK(rel_error(chosen.first[l], ring[l]) < 1e-3);
   }
 }
