@@ -100,6 +100,12 @@ struct mpi_transport_options {
   /// polling. Under SMPI the default is zero, so a simulated run spends no
   /// simulated time polling; a timeout set there runs on simulated time.
   std::chrono::milliseconds timeout{mpi_simulated ? std::chrono::milliseconds(0) : std::chrono::milliseconds(120000)};
+  /// The library all-reduces (library_allreduce_sum / _max) under `timeout`
+  /// too: MPI_Iallreduce waited with the deadline instead of MPI_Allreduce.
+  /// Off by default: MPI's non-blocking all-reduce is a slower algorithm
+  /// (Open MPI's libnbc: 3.7x MPI_Allreduce at 64 MB, bench_mpi_schedules),
+  /// and a dead rank inside MPI_Allreduce is MPI's to report.
+  bool library_timeout = false;
 };
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
@@ -447,9 +453,10 @@ class mpi_transport {
 
   /// The MPI library's own all-reduce (gradcomp::LibraryAllreduceTransport,
   /// schedules/library.hpp): sums `x` in place over the communicator with
-  /// MPI_Allreduce(MPI_FLOAT, MPI_SUM). With a timeout (not under SMPI) it
-  /// runs MPI_Iallreduce on copies and waits with the transport's deadline
-  /// (timeout_error; the copies are then left to MPI, never freed under it).
+  /// MPI_Allreduce(MPI_FLOAT, MPI_SUM). With options().library_timeout and a
+  /// timeout (not under SMPI) it runs MPI_Iallreduce on copies and waits with
+  /// the transport's deadline (timeout_error; the copies are then left to
+  /// MPI, never freed under it).
   void library_allreduce_sum(std::span<float> x) { library_allreduce(x.data(), x.size(), sizeof(float), MPI_FLOAT, MPI_SUM); }
   /// The same on 32-bit words summed modulo 2^32 (MPI_UINT32_T, MPI_SUM).
   void library_allreduce_sum(std::span<std::uint32_t> x) {
@@ -481,8 +488,8 @@ class mpi_transport {
     for (std::size_t at = 0; at < count;) {
       const std::size_t n = std::min<std::size_t>(count - at, static_cast<std::size_t>(INT_MAX));
       std::byte* piece = base + at * elem;
-      if (options_.timeout.count() == 0 || mpi_simulated) {
-        // No deadline (or SMPI, where no rank dies and MPI_Iallreduce is unreliable): the blocking call.
+      if (options_.timeout.count() == 0 || !options_.library_timeout || mpi_simulated) {
+        // The blocking call: no deadline asked for (or SMPI, where no rank dies and MPI_Iallreduce is unreliable).
         detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, piece, static_cast<int>(n), type, op, comm_), "MPI_Allreduce");
       } else {
         // Send and receive buffers of our own, which MPI may keep using after
@@ -494,7 +501,9 @@ class mpi_transport {
                                          &request),
                           "MPI_Iallreduce");
         const auto started = clock::now();
-        detail::poll_backoff backoff;
+        // MPI's non-blocking collectives advance only while polled: yield, never sleep
+        // (a busy core, as inside a blocking MPI_Allreduce).
+        detail::poll_backoff backoff(/*may_sleep=*/false);
         for (;;) {
           int done = 0;
           detail::mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (all-reduce)");

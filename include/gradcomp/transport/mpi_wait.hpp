@@ -72,8 +72,16 @@ class poll_backoff {
   /// Longest sleep between two polls.
   static constexpr std::chrono::microseconds max_sleep{64};
 
+  /// `may_sleep` false: yield between polls, never sleep (for MPI's
+  /// non-blocking collectives, which advance only while they are polled).
+  explicit poll_backoff(bool may_sleep = true) noexcept : may_sleep_(may_sleep) {}
+
   void pause() {
-    if constexpr (mpi_simulated) return;  // simulated time advances with each MPI_Test; a real pause only wastes real time
+    if constexpr (mpi_simulated) return;
+    if (!may_sleep_) {
+      std::this_thread::yield();
+      return;
+    }  // simulated time advances with each MPI_Test; a real pause only wastes real time
     const auto now = std::chrono::steady_clock::now();
     if (!started_) {
       started_ = true;
@@ -90,6 +98,7 @@ class poll_backoff {
   std::chrono::microseconds next_sleep() const noexcept { return sleep_; }
 
  private:
+  bool may_sleep_ = true;
   bool started_ = false;
   std::chrono::steady_clock::time_point first_{};
   std::chrono::microseconds sleep_{2};
