@@ -263,3 +263,37 @@ TEST_CASE("schedules: the library schedule guarantees the same bits even when th
     }
   }
 }
+
+TEST_CASE("schedules: the binomial broadcast reaches every rank with rank 0's bytes, N = 1..8") {
+  for (int n = 1; n <= 8; ++n) {
+    std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+    run_workers(n, [&](inproc_endpoint& ep) {
+      std::vector<std::byte> b(5, std::byte(ep.rank() + 1));
+      gradcomp::broadcast_bytes(ep, b);
+      got[std::size_t(ep.rank())] = b;
+    });
+    for (const auto& b : got) CHECK(b == std::vector<std::byte>(5, std::byte(1)));
+  }
+}
+
+TEST_CASE("schedules: a codec's measured costs: dense_codec sends its floats (ratio about 1), GradiVeQ far fewer") {
+  gradcomp::dense_codec<> dense;
+  const vec x = inputs(1, 4096, 3)[0];
+  const auto d = gradcomp::measure_codec(dense, std::span<const float>(x));
+  CHECK(d.elements == 4096);
+  CHECK(d.wire_ratio >= 1.0);
+  CHECK(d.wire_ratio < 1.05);  // the wire header only
+  CHECK(d.encode_s >= 0.0);
+  CHECK(d.compressed);
+  const low_rank_layer layer(16, 3, 16 * 256, 4);
+  auto codec = fitted_codec(layer, 2);
+  const vec sample = layer.sample(1);
+  const auto g = gradcomp::measure_codec(codec, std::span<const float>(sample));
+  CHECK(g.wire_ratio < 0.5);
+  CHECK(g.encode_s > 0.0);
+  // The model prices the codec's work on top of the (smaller) transfers.
+  const gradcomp::cost_model m;
+  gradcomp::cost_problem p = g;
+  p.ranks = 4;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) > (g.encode_s + g.decode_s) * double(g.elements));
+}
