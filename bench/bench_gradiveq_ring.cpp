@@ -7,6 +7,14 @@
 //   4-bit QSGD ring            ring_allreduce_reencode: decode-add-re-encode at every hop
 //   top-1% all-gather          ring_allgather_decode with sparsifier_with_memory (R = 1%)
 //   4-bit QSGD all-gather      ring_allgather_decode with qsgd
+//   PowerSGD rank 2            powersgd.hpp on the slices x K matrix of the vector: two dense
+//                              ring_allreduce calls (the P's with the tail values appended,
+//                              then the Q's) around encode_p / encode_q / decode; warm start,
+//                              no error feedback (the runs repeat one input, so a residual would
+//                              pile up; its local cost is in bench_powersgd)
+//   fp16 / bf16 ring           ring_allreduce_linear with fp16_codec / bf16_codec: one rounding per hop
+//   homomorphic ring           ring_allreduce_linear with homomorphic_quantizer: a max ring of the
+//                              scales (one per 512 values), then 4-bit lanes summed as integers
 //
 // Every time is the best of a few runs (rank 0's wall time between two
 // barriers of long-lived workers, so it includes the slowest rank), with the
@@ -18,11 +26,22 @@
 //
 // Optional argument: elements (default 11 * 2^20).
 // Ends with: RESULT gradiveq_ring_speedup_1gbit, gradiveq_ring_speedup_10gbit,
-// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit.
+// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit, powersgd_ring_speedup_1gbit,
+// powersgd_ring_rel_error_1gbit.
+// gradiveq_ring_vs_wire_floor_1gbit, qsgd4_ring_speedup_1gbit,
+// fp16_ring_speedup_1gbit, fp16_ring_vs_wire_floor_1gbit (with
+// uncompressed_ring_vs_wire_floor_1gbit, the float32 ring's own figure, beside
+// it), bf16_ring_speedup_1gbit, homomorphic_ring_speedup_1gbit, and the
+// relative errors of the fp16, bf16, homomorphic, QSGD-4 re-encode and QSGD-4
+// all-gather rings (homomorphic_error_gain_vs_qsgd4_reencode: QSGD-4
+// re-encode's error over the homomorphic ring's).
 #include "common.hpp"
 #include "conv_like_gradients.hpp"
 
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/powersgd.hpp>
+#include <gradcomp/half.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -143,7 +162,63 @@ struct topk_allgather_op {
     return gradcomp::ring_allgather_decode(policy{}, t, c, data);
   }
 };
+// PowerSGD rank 2 (Vogels et al. 2019) on the rows x cols matrix of the
+// first rows * cols values (the slices of K): P summed with the tail values
+// in one dense ring, then Q; every rank orthonormalises the same summed P.
+struct powersgd_op {
+  std::size_t rows, cols, length;
+  gradcomp::powersgd_compressor<policy> make_state(int) const {
+    gradcomp::powersgd_options o;
+    o.rank = 2;
+    o.error_feedback = false;
+    o.seed = 7;
+    return gradcomp::powersgd_compressor<policy>(rows, cols, o);
+  }
+  template <class T>
+  ring_stats run(T& t, gradcomp::powersgd_compressor<policy>& c, std::span<float> data) const {
+    ring_stats st;
+    const auto t0 = gb::clock::now();
+    const std::size_t n = rows * cols, tail = length - n;
+    std::vector<float> p(c.p_length() + tail), q(c.q_length());
+    const auto e0 = gb::clock::now();
+    c.encode_p(data.first(n), std::span<float>(p).first(c.p_length()));
+    std::memcpy(p.data() + c.p_length(), data.data() + n, tail * sizeof(float));
+    st.encode_seconds += std::chrono::duration<double>(gb::clock::now() - e0).count();
+    gradcomp::ring_allreduce(policy{}, t, std::span<float>(p));
+    const auto e1 = gb::clock::now();
+    c.encode_q(std::span<const float>(p).first(c.p_length()), q);
+    st.encode_seconds += std::chrono::duration<double>(gb::clock::now() - e1).count();
+    gradcomp::ring_allreduce(policy{}, t, std::span<float>(q));
+    const auto d0 = gb::clock::now();
+    c.decode(q, data.first(n));
+    std::memcpy(data.data() + n, p.data() + c.p_length(), tail * sizeof(float));
+    st.decode_seconds = std::chrono::duration<double>(gb::clock::now() - d0).count();
+    st.seconds = std::chrono::duration<double>(gb::clock::now() - t0).count();
+    return st;
+  }
+};
 
+// The linear 16-bit codecs and the homomorphic quantizer, through Algorithm 1
+// (ring_allreduce_linear: one add-and-re-encode per hop for fp16 / bf16; the
+// max ring of the agreed scales first for the homomorphic quantizer).
+template <class C>
+struct linear_op {
+  C make_state(int) const { return C{}; }
+  template <class T>
+  ring_stats run(T& t, C& c, std::span<float> data) const {
+    return gradcomp::ring_allreduce_linear(policy{}, t, c, data);
+  }
+};
+struct homomorphic_op {
+  gradcomp::homomorphic_quantizer<policy> make_state(int rank) const {
+    // One seed on every worker and its own worker index: stratified rounding.
+    return gradcomp::homomorphic_quantizer<policy>({.seed = 7, .worker = std::size_t(rank)}, workers);
+  }
+  template <class T>
+  ring_stats run(T& t, gradcomp::homomorphic_quantizer<policy>& c, std::span<float> data) const {
+    return gradcomp::ring_allreduce_linear(policy{}, t, c, data);
+  }
+};
 
 }  // namespace
 
@@ -325,6 +400,7 @@ int main(int argc, char** argv) {
   const qsgd_reencode_op q4;
   const qsgd_allgather_op q4ag;
   const topk_allgather_op topk{length};
+  const powersgd_op psgd{slices, K, length};
 
   // The uncompressed, GradiVeQ and QSGD-4 re-encode rings over `net` (nullptr:
   // the bare transport), each printed with its ratio to the uncompressed one.
@@ -347,7 +423,14 @@ int main(int argc, char** argv) {
   header(false);
   (void)measure_rings(nullptr, 0);
 
-  double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0;
+  double speedup[2] = {0, 0}, vs_floor_1g = 0, qsgd_speedup_1g = 0, psgd_speedup_1g = 0, psgd_error_1g = 0;
+  double fp16_speedup_1g = 0, fp16_floor_1g = 0, u_floor_1g = 0, bf16_speedup_1g = 0, hom_speedup_1g = 0;
+  double err_fp16 = 0, err_bf16 = 0, err_hom = 0, err_q4 = 0, err_q4ag = 0;
+  auto floor_of = [](const measurement& m, double rate) {
+    std::uint64_t busiest = 0;
+    for (auto w : m.wire) busiest = std::max(busiest, w);
+    return double(busiest) * 8.0 / rate;
+  };
   const double rates[2] = {1e9, 10e9};
   for (int li = 0; li < 2; ++li) {
     const double rate = rates[li];
@@ -359,6 +442,18 @@ int main(int argc, char** argv) {
     print_row("QSGD-4 all-gather", qa, &u, rate);
     const auto tk = measure(&net, topk);
     print_row("top-1% all-gather", tk, &u, rate);
+    const auto ps = measure(&net, psgd);
+    print_row("PowerSGD r2 (2 rings)", ps, &u, rate);
+    const auto f16 = measure(&net, linear_op<gradcomp::fp16_codec<policy>>{});
+    print_row("fp16 ring (Alg. 1)", f16, &u, rate);
+    const auto b16 = measure(&net, linear_op<gradcomp::bf16_codec<policy>>{});
+    print_row("bf16 ring (Alg. 1)", b16, &u, rate);
+    const auto hom = measure(&net, homomorphic_op{});
+    print_row("homomorphic 4-bit ring", hom, &u, rate);
+    std::printf("  t/flr of the uncompressed ring %.2fx, of the fp16 ring %.2fx; relative error: fp16 %.3g, bf16 %.3g, "
+                "homomorphic %.3g, QSGD-4 re-encode %.3g (%.2fx the homomorphic's), QSGD-4 all-gather %.3g\n",
+                u.seconds / floor_of(u, rate), f16.seconds / floor_of(f16, rate), f16.error, b16.error, hom.error,
+                q.error, hom.error > 0 ? q.error / hom.error : 0.0, qa.error);
     speedup[li] = u.seconds / g.seconds;
     std::printf("  GradiVeQ: %.1f ms measured; at least %.1f ms here (max of wire floor and CPU/%u); "
                 "uncompressed ring / that bound = %.2fx\n",
@@ -368,6 +463,18 @@ int main(int argc, char** argv) {
       for (auto w : g.wire) busiest = std::max(busiest, w);
       vs_floor_1g = g.seconds / (double(busiest) * 8.0 / rate);
       qsgd_speedup_1g = u.seconds / q.seconds;
+      psgd_speedup_1g = u.seconds / ps.seconds;
+      psgd_error_1g = ps.error;
+      fp16_speedup_1g = u.seconds / f16.seconds;
+      fp16_floor_1g = f16.seconds / floor_of(f16, rate);
+      u_floor_1g = u.seconds / floor_of(u, rate);
+      bf16_speedup_1g = u.seconds / b16.seconds;
+      hom_speedup_1g = u.seconds / hom.seconds;
+      err_fp16 = f16.error;
+      err_bf16 = b16.error;
+      err_hom = hom.error;
+      err_q4 = q.error;
+      err_q4ag = qa.error;
     }
   }
 
@@ -390,5 +497,18 @@ int main(int argc, char** argv) {
   gb::result("gradiveq_ring_speedup_10gbit", speedup[1], "x");
   gb::result("gradiveq_ring_vs_wire_floor_1gbit", vs_floor_1g, "x");
   gb::result("qsgd4_ring_speedup_1gbit", qsgd_speedup_1g, "x");
+  gb::result("powersgd_ring_speedup_1gbit", psgd_speedup_1g, "x");
+  gb::result("powersgd_ring_rel_error_1gbit", psgd_error_1g, "");
+  gb::result("fp16_ring_speedup_1gbit", fp16_speedup_1g, "x");
+  gb::result("fp16_ring_vs_wire_floor_1gbit", fp16_floor_1g, "x");
+  gb::result("uncompressed_ring_vs_wire_floor_1gbit", u_floor_1g, "x");
+  gb::result("bf16_ring_speedup_1gbit", bf16_speedup_1g, "x");
+  gb::result("homomorphic_ring_speedup_1gbit", hom_speedup_1g, "x");
+  gb::result("fp16_ring_rel_error", err_fp16, "");
+  gb::result("bf16_ring_rel_error", err_bf16, "");
+  gb::result("homomorphic_ring_rel_error", err_hom, "");
+  gb::result("qsgd4_reencode_ring_rel_error", err_q4, "");
+  gb::result("qsgd4_allgather_rel_error", err_q4ag, "");
+  gb::result("homomorphic_error_gain_vs_qsgd4_reencode", err_hom > 0 ? err_q4 / err_hom : 0.0, "x");
   return 0;
 }

@@ -33,6 +33,8 @@
 #include <mutex>
 #include <vector>
 
+#include <Eigen/Dense>
+
 #include <gradcomp/autoencoder.hpp>
 #include <gradcomp/protocols/lgc.hpp>
 #include <gradcomp/detail/random.hpp>
@@ -139,6 +141,38 @@ int main() {
     return 2 * f * double(layout.windows(o.window)) / 1e9;
   }();
   std::printf("%-44s %10.2f GFLOP/s (%.2f GFLOP per encode)\n", "encoder throughput", gflop_enc / enc, gflop_enc);
+  // Same-run baseline of the encoder: one Eigen GEMM per encoder layer with
+  // the shape of that layer's im2col product (C_out x C_in k) * (C_in k x
+  // windows L_out), the pointwise code layer likewise: the rate the encoder
+  // would reach if its convolutions were nothing but their GEMMs.
+  double gemm_time = 0;
+  {
+    std::vector<Eigen::MatrixXf> w, col, out;
+    std::size_t len = o.window, in = 1;
+    const auto batch = static_cast<Eigen::Index>(layout.windows(o.window));
+    auto add_layer = [&](std::size_t c_out, std::size_t depth, std::size_t l_out) {
+      w.push_back(Eigen::MatrixXf::Random(Eigen::Index(c_out), Eigen::Index(depth)));
+      col.push_back(Eigen::MatrixXf::Random(Eigen::Index(depth), batch * Eigen::Index(l_out)));
+      out.emplace_back(Eigen::Index(c_out), batch * Eigen::Index(l_out));
+    };
+    for (auto c : o.architecture.encoder_channels) {
+      len /= 2;
+      add_layer(c, in * o.architecture.kernel, len);
+      in = c;
+    }
+    add_layer(o.architecture.code_channels, in, len);
+    gemm_time = interleaved_best(5, {[&] {
+                  for (std::size_t i = 0; i < w.size(); ++i) out[i].noalias() = w[i] * col[i];
+                }})[0];
+  }
+  std::printf("%-44s %10.3f ms (%.2f GFLOP/s)\n", "same-shape GEMMs (Eigen), one node", gemm_time * 1e3,
+              gflop_enc / gemm_time);
+  // Break-even link rate: the autoencoder pays when its encode + decode take
+  // less than the wire time of the bytes it saves (the values' payload minus
+  // the code's), i.e. below (saved bits) / (encode + decode) bit/s.
+  const double saved_bits = 8.0 * (double(topk_bytes) - double(wire::serialized_size(code)));
+  const double breakeven_mbit = saved_bits / (enc + dec) / 1e6;
+  std::printf("%-44s %10.1f Mbit/s\n", "break-even link rate (LGC pays below it)", breakeven_mbit);
 
   // ---- 2. online training step
   std::vector<std::vector<float>> vecs(nodes, values);
@@ -269,5 +303,7 @@ int main() {
   gb::result("lgc_ring_compression_ratio", ring_c.compression_ratio(), "x");
   gb::result("lgc_ps_compression_ratio", ps_c.compression_ratio(), "x");
   gb::result("lgc_encode_vs_wire_1gbit", (enc + dec) / wire_1g, "x");
+  gb::result("lgc_encoder_vs_gemm", gemm_time / enc, "x");
+  gb::result("lgc_breakeven_mbit", breakeven_mbit, "Mbit/s");
   return 0;
 }

@@ -17,6 +17,7 @@ packages=(
   python3 python3-venv                                # packaging.conan: a venv with the Conan 2 client from PyPI
   zlib1g-dev libzstd-dev libcli11-dev                 # examples
   libtorch-dev dataset-fashion-mnist gnuplot-nox      # examples/train: end-to-end training demo
+  python3-matplotlib                                  # bench/smpi/run: the speedup PNG
 )
 
 missing=()

@@ -109,6 +109,14 @@ struct codec_counters {
   std::uint64_t target_raw_bytes = 0;      ///< the same, restricted to the layers the codec targets
   std::uint64_t target_encoded_bytes = 0;
   std::uint64_t received_bytes = 0;        ///< parameter-server replies received (downlink)
+  codec_counters& operator+=(const codec_counters& d) noexcept {
+    raw_bytes += d.raw_bytes;
+    encoded_bytes += d.encoded_bytes;
+    target_raw_bytes += d.target_raw_bytes;
+    target_encoded_bytes += d.target_encoded_bytes;
+    received_bytes += d.received_bytes;
+    return *this;
+  }
   double ratio() const noexcept { return encoded_bytes ? double(raw_bytes) / double(encoded_bytes) : 0.0; }
   double target_ratio() const noexcept {
     return target_encoded_bytes ? double(target_raw_bytes) / double(target_encoded_bytes) : 0.0;

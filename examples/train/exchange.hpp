@@ -1,8 +1,9 @@
 #pragma once
 /// \file exchange.hpp
-/// The gradient exchange of one worker: gradcomp codecs, drivers and the
-/// transport, behind one small interface the libtorch side calls once per
-/// step. No libtorch here (gradcomp stays free of it).
+/// The gradient exchange of one worker: gradcomp's whole-model exchange
+/// (model_exchange with a plan per configuration, exchange.cpp; the DGS
+/// sibling, dgs.cpp) behind one small interface the libtorch side calls once
+/// per step. No libtorch here (gradcomp stays free of it).
 
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +70,10 @@ std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& option
                                           std::span<const layer_desc> layers, std::span<const std::vector<float>> initial,
                                           std::size_t total_steps);
 
+/// The DGS worker of `data` (dgs.cpp; make_exchanger calls it).
+std::unique_ptr<exchanger> make_dgs_exchanger(counted_transport& data, std::span<const layer_desc> layers,
+                                              const run_options& options, std::span<const std::vector<float>> initial);
+
 /// True if configuration `c` needs a parameter-server rank (rank 0, workers 1..N).
 bool uses_parameter_server(config_id c) noexcept;
 
@@ -76,6 +81,10 @@ bool uses_parameter_server(config_id c) noexcept;
 /// worker has left. Returns a one-line summary of its counters.
 std::string run_dgs_server(counted_transport& t, const run_options& options, std::span<const layer_desc> layers,
                            std::span<const std::vector<float>> initial, std::size_t total_steps);
+
+/// The command line's ranges and momentum modes for configuration `c`
+/// (config.cpp); throws gradcomp::invalid_argument_error.
+void check_option_ranges(config_id c, const run_options& options);
 
 /// Exactly the check make_exchanger does on the options, without a transport,
 /// so bad parameters are reported before any training starts.

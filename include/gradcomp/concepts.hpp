@@ -73,6 +73,22 @@ concept LinearCodec = Codec<C> && enable_linear_codec<C> &&
                         { cc.accumulate(p, cp) } -> std::same_as<void>;
                       };
 
+/// A linear codec whose workers first agree on its scales (the homomorphic
+/// quantizer: the max over the workers of per-block scales, then codes
+/// against the agreed scales, which sum as integers). `local_scales(x, s)`
+/// writes scale_count(x.size()) local scales (and rejects non-finite input,
+/// before anything is sent); a max reduction over the workers gives the
+/// agreed ones, which `set_agreed_scales(s, n)` installs before encoding a
+/// vector of n values. Drivers and the exchange run the max round first
+/// when they see this concept (ring_allreduce_linear does).
+template <class C>
+concept AgreedScaleCodec = LinearCodec<C> && requires(const C& cc, C& c, std::span<const float> x, std::span<float> s,
+                                                      std::size_t n) {
+  { cc.scale_count(n) } -> std::convertible_to<std::size_t>;
+  cc.local_scales(x, s);
+  c.set_agreed_scales(std::span<const float>(s), n);
+};
+
 /// A codec holding per-worker memory (residual, velocity, basis) that can be
 /// saved to bytes and restored exactly: a restored codec continues bit-for-bit.
 /// The bytes use the wire container with the codec-state flag (wire.hpp).

@@ -18,6 +18,7 @@
 #include <gradcomp/payloads/dense.hpp>
 #include <gradcomp/payloads/sparse_coo.hpp>
 #include <gradcomp/payloads/topk.hpp>
+#include <gradcomp/powersgd.hpp>
 #include <gradcomp/presets/parameter_server_rules.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>

@@ -96,6 +96,25 @@ struct layer_shape {
     return s;
   }
 
+  /// A 2-D tensor [rows, cols] kept in framework order (a linear layer's
+  /// weight [out_features, in_features]): a dense layer for every codec but
+  /// PowerSGD, which views it as a rows x cols matrix (powersgd.hpp).
+  /// Throws invalid_argument_error on a zero extent or an overflowing count.
+  template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
+  static layer_shape matrix(std::size_t rows, std::size_t cols) {
+    if (rows == 0 || cols == 0) throw invalid_argument_error("layer_shape::matrix: every extent must be positive");
+    if (cols > std::numeric_limits<std::size_t>::max() / rows)
+      throw invalid_argument_error("layer_shape::matrix: element count overflows");
+    layer_shape s;
+    s.kind = layer_kind::dense;
+    s.filters = rows;
+    s.depth = cols;
+    s.height = 1;
+    s.width = 1;
+    s.length = rows * cols;
+    return s;
+  }
+
   /// Number of gradient elements.
   std::size_t size() const noexcept { return length; }
 

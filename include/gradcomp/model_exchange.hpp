@@ -9,6 +9,7 @@
 ///  - exchange/contract.hpp     the bucket contract: rounds, summable buffers, flags (BucketCodec)
 ///  - exchange/model.hpp        model description, plan rules, buckets
 ///  - exchange/bucket_codecs.hpp, exchange/gradiveq_bucket.hpp   the library's codecs as bucket codecs
+///  - exchange/powersgd_bucket.hpp PowerSGD's two rounds (P, then Q) of a bucket
 ///  - exchange/bucket_layer.hpp the transport-free layer a framework drives with its own collectives
 ///  - exchange/collectives.hpp, exchange/model_exchange.hpp   the exchange over gradcomp's transports
 ///  - exchange/schedule_collectives.hpp, exchange/auto_collectives.hpp   sum rounds on other all-reduce
@@ -22,4 +23,5 @@
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
 #include <gradcomp/exchange/model_exchange.hpp>
+#include <gradcomp/exchange/powersgd_bucket.hpp>
 #include <gradcomp/exchange/schedule_collectives.hpp>

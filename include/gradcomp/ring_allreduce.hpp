@@ -47,6 +47,7 @@
 ///     ring_allreduce_reencode(t, codecs, grad)     // any Codec: decode-add-re-encode at every hop
 ///     ring_allgather_decode(t, codec, grad)        // any Codec: all-gather payloads, decode and sum
 ///     ring_allreduce(t, codec, grad)               // linear form for a LinearCodec, else the all-gather
+///     ring_allreduce_summable(t, cells, element)   // a summable buffer: 16-bit floats, packed int words
 ///
 /// Each returns a ring_stats (bytes and messages sent, encode/decode/wait
 /// times). Every rank ends with bit-identical values: every rank decodes the
@@ -62,6 +63,7 @@
 ///     ring/linear.hpp     ring_allreduce_linear (Algorithm 1), ring_segmentation
 ///     ring/reencode.hpp   ring_allreduce_reencode, make_ring_codecs
 ///     ring/allgather.hpp  ring_allgather_decode, ring_allreduce with a codec
+///     ring/summable.hpp   ring_allreduce_summable (float16, bfloat16, int32_words buffers)
 
 #include <gradcomp/ring/allgather.hpp>
 #include <gradcomp/ring/channel.hpp>
@@ -70,3 +72,4 @@
 #include <gradcomp/ring/reencode.hpp>
 #include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/ring/stats.hpp>
+#include <gradcomp/ring/summable.hpp>

@@ -61,6 +61,10 @@ enum class codec_id : std::uint16_t {
   sparse_coo = 4,   ///< sparsifier_with_memory, sa_momentum (sparsify.hpp)
   gradiveq = 5,     ///< linear_compressor (gradiveq.hpp)
   autoencoder = 6,  ///< autoencoder_codec (autoencoder.hpp)
+  fp16 = 8,         ///< fp16_codec (half.hpp)
+  bf16 = 9,         ///< bf16_codec (half.hpp)
+  homomorphic = 10, ///< homomorphic_quantizer (homomorphic.hpp)
+  powersgd = 12,    ///< powersgd_compressor's saved state (powersgd.hpp; its P and Q are plain float sums)
   control = 100,    ///< driver control messages (parameter servers, schedules)
   user_first = 1000 ///< first id free for users' own codecs
 };

@@ -35,5 +35,7 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 
 /// Runs linear_compressor<thrust_cuda> next to linear_compressor<seq> (cuda_gradiveq.cu).
 void compare_gradiveq();
+/// Runs powersgd_compressor<thrust_cuda> next to powersgd_compressor<seq> (cuda_powersgd.cu).
+void compare_powersgd();
 
 }  // namespace cuda_check

@@ -91,6 +91,7 @@ int main() {
     compare(mode == threshold_mode::exact ? "sa_momentum (exact)" : "sa_momentum (sampled)", a, b, n, 3);
   }
   compare_gradiveq();
+  compare_powersgd();
   std::printf("%s\n", failures == 0 ? "thrust_cuda: all codecs agree with seq" : "thrust_cuda: MISMATCHES");
   return failures == 0 ? 0 : 1;
 }

@@ -12,6 +12,7 @@
 #include <support/equality.hpp>
 #include <support/exchange_fixtures.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -261,4 +262,41 @@ TEST_CASE("exchange with auto_collectives: agreed choices recorded, saved in the
     CHECK_THROWS_AS(c.restore_state(bad), gradcomp::state_error);
     (void)ep;
   });
+}
+
+TEST_CASE("exchange schedules: summable buffers of every element (payloads/summable.hpp) on every schedule") {
+  static_assert(GRADCOMP_EXCHANGE_SUMMABLE == 1);
+  for (int n : {2, 3, 5})
+    for (auto e : {gx::buffer_element::float16, gx::buffer_element::bfloat16, gx::buffer_element::int32_words})
+      for (auto kind : {schedule_kind::pipelined_ring, schedule_kind::rabenseifner, schedule_kind::hierarchical}) {
+        CAPTURE(n);
+        CAPTURE(static_cast<int>(e));
+        CAPTURE(static_cast<int>(kind));
+        const std::size_t len = 301;
+        // Small integers: exact in every element type, so every order of summation gives the same values.
+        auto cell = [&](int r, std::size_t i) {
+          const std::uint32_t v = std::uint32_t((i * 7 + std::size_t(r) * 3) % 13);
+          return e == gx::buffer_element::int32_words ? std::bit_cast<float>(v + 0xFFFFFFF0u) : float(v);
+        };
+        std::vector<std::vector<float>> x(static_cast<std::size_t>(n), std::vector<float>(len));
+        for (int r = 0; r < n; ++r)
+          for (std::size_t i = 0; i < len; ++i) x[std::size_t(r)][i] = cell(r, i);
+        run_workers(n, [&](inproc_endpoint& ep) {
+          gx::schedule_collectives<> c({.kind = kind, .chunk_elements = 50, .group_size = n % 2 == 0 ? 2 : 0});
+          gx::wire_counters w;
+          c.sum(ep, std::span<float>(x[std::size_t(ep.rank())]), e, gradcomp::tags::exchange.first, w);
+        });
+        for (std::size_t i = 0; i < len; ++i) {
+          if (e == gx::buffer_element::int32_words) {
+            std::uint32_t want = 0;
+            for (int r = 0; r < n; ++r) want += std::bit_cast<std::uint32_t>(cell(r, i));
+            CHECK(std::bit_cast<std::uint32_t>(x[0][i]) == want);
+          } else {
+            float want = 0;
+            for (int r = 0; r < n; ++r) want += cell(r, i);
+            CHECK(x[0][i] == want);
+          }
+          for (int r = 1; r < n; ++r) CHECK(std::bit_cast<std::uint32_t>(x[std::size_t(r)][i]) == std::bit_cast<std::uint32_t>(x[0][i]));
+        }
+      }
 }

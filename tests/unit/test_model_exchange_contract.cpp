@@ -162,14 +162,14 @@ struct counting_collectives {
   int* gathers;
   gx::ring_collectives<> ring;
   template <class T>
-  void sum(T& t, std::span<float> d, int tag, gx::wire_counters& c) {
+  void sum(T& t, std::span<float> d, gx::buffer_element e, int tag, gx::wire_counters& c) {
     ++*sums;
-    ring.sum(t, d, tag, c);
+    ring.sum(t, d, e, tag, c);
   }
   template <class T>
-  void max(T& t, std::span<float> d, int tag, gx::wire_counters& c) {
+  void max(T& t, std::span<float> d, gx::buffer_element e, int tag, gx::wire_counters& c) {
     ++*maxes;
-    ring.max(t, d, tag, c);
+    ring.max(t, d, e, tag, c);
   }
   template <class T>
   std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> b, int tag, gx::wire_counters& c) {

@@ -33,6 +33,8 @@
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
+#include <gradcomp/exchange/powersgd_bucket.hpp>
+#include <gradcomp/exchange/scalar_buckets.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -52,7 +54,9 @@ struct pending_round {
   std::size_t index = 0;         ///< round of that bucket
   round_spec spec;               ///< length includes the control block when carries_control
   bool carries_control = false;  ///< the step's first round: the control block rides in it
-  std::span<float> buffer;       ///< sum/max: reduce it in place across the ranks
+  /// sum/max: reduce it in place across the ranks, as summable cells of
+  /// spec.element (payloads/summable.hpp: pack, reduce in that type, unpack).
+  std::span<float> buffer;
   std::vector<std::byte> payload;  ///< all_gather: this rank's bytes
 };
 
@@ -94,6 +98,8 @@ class bucket_layer {
   std::uint64_t steps() const noexcept { return step_; }
   /// The GradiVeQ schedule shared by the plan's GradiVeQ layers.
   const gradiveq_schedule& schedule() const noexcept { return life_->schedule; }
+  /// This rank's eq. 7 loss over its GradiVeQ layers in the last step (zero outside L_c).
+  const local_loss_value& gradiveq_loss() const noexcept { return life_->loss; }
   /// The bucket codec of bucket b.
   const bucket_codec& bucket(std::size_t b) const { return *buckets_.at(b); }
 
@@ -163,16 +169,18 @@ class bucket_layer {
       own_bytes(cursor_.bucket, round_.payload.size());
       rounds_.emplace_back();
     } else {
-      if (round_.spec.element != buffer_element::float32)
-        throw state_error("exchange::bucket_layer: only float32 buffers are implemented in this release");
+      // Any element type: the control block is encoded so that its sum (or
+      // max) with the other ranks' zeros stays exact (control_block::encode).
+      const buffer_element el = round_.spec.element;
       const std::size_t n = round_.spec.length;
-      rounds_.emplace_back(n + ctrl, 0.0f);
+      const std::size_t cells = round_.carries_control ? control_block::cells(el, ranks_) : 0;
+      rounds_.emplace_back(n + cells, 0.0f);  // zero cells: 0.0f, the word 0
       std::span<float> buf(rounds_.back());
       if (mine) b.contribute(cursor_.round, buf.first(n));
-      if (ctrl) std::memcpy(buf.data() + n, control_.data(), ctrl * sizeof(float));
-      round_.spec.length = n + ctrl;
+      if (cells) control_block::encode(el, control_, buf.subspan(n));
+      round_.spec.length = n + cells;
       round_.buffer = buf;
-      own_bytes(cursor_.bucket, buf.size() * sizeof(float));
+      own_bytes(cursor_.bucket, buf.size() * element_bytes(el));
     }
     ++report_.rounds;
     report_.encode_seconds += seconds_since(t0);
@@ -183,16 +191,34 @@ class bucket_layer {
   void complete_round() {
     require_round(false);
     const auto t0 = clock::now();
-    const std::size_t ctrl = round_.carries_control ? control_.size() : 0;
+    const buffer_element el = round_.spec.element;
+    const std::size_t ctrl = round_.carries_control ? control_block::cells(el, ranks_) : 0;
     const std::span<const float> all(round_.buffer);
-    if (ctrl && !agree(all.last(ctrl))) return;
+    if (ctrl) {
+      std::vector<float> block(control_.size());
+      control_block::decode(el, all.last(ctrl), block);
+      if (!agree(block)) return;
+    }
     const auto part = all.first(all.size() - ctrl);
-    if (round_.spec.check == after_reduce_check::finite && find_non_finite(Policy{}, part) != part.size()) {
-      fail({rank_failure{-1, failure_reason::non_finite_sum, -1}}, "the reduced buffer of bucket " +
-                                                                        std::to_string(round_.bucket) + " is not finite");
+    if (round_.spec.check == after_reduce_check::finite && !reduced_finite(el, part)) {
+      fail({rank_failure{-1, failure_reason::non_finite_sum, -1}},
+           "the reduced buffer of bucket " + std::to_string(round_.bucket) + " is not finite" +
+               (el == buffer_element::float32 ? "" : " (or saturated at the largest " + std::string(summable::to_string(el)) + ")"));
       return;
     }
-    buckets_[round_.bucket]->absorb(round_.index, part);
+    if (round_.spec.check == after_reduce_check::lane_range) {
+      // The codec's absorb checks the lanes; the reduced buffer is the same
+      // on every rank, so a lane out of range fails every rank alike.
+      try {
+        buckets_[round_.bucket]->absorb(round_.index, part);
+      } catch (const error& e) {
+        fail({rank_failure{-1, failure_reason::non_finite_sum, -1}},
+             "the reduced buffer of bucket " + std::to_string(round_.bucket) + " is out of range: " + e.what());
+        return;
+      }
+    } else {
+      buckets_[round_.bucket]->absorb(round_.index, part);
+    }
     advance();
     report_.decode_seconds += seconds_since(t0);
   }
@@ -352,13 +378,31 @@ class bucket_layer {
           out.push_back(std::move(c));
           break;
         }
+        case codec_kind::lgc_ring:
+        case codec_kind::lgc_ps: {  // plan_options::lgc_factory (exchange/lgc_bucket.hpp): LGC needs zlib
+          auto c = o.lgc_factory(plan_, b, rank_, ranks_);
+          if (!c) throw invalid_argument_error("exchange: plan_options::lgc_factory returned no bucket codec");
+          out.push_back(std::move(c));
+          break;
+        }
         case codec_kind::dense: out.push_back(std::make_unique<dense_bucket>(lengths)); break;
+        case codec_kind::fp16: out.push_back(std::make_unique<half_bucket<summable_element::float16>>(lengths)); break;
+        case codec_kind::bf16: out.push_back(std::make_unique<half_bucket<summable_element::bfloat16>>(lengths)); break;
+        case codec_kind::homomorphic:
+          out.push_back(std::make_unique<homomorphic_bucket<Policy>>(lengths, ranks_, [&](std::size_t j) {
+            homomorphic_options h = o.homomorphic;  // one seed on every rank, this rank's worker index: stratified draws
+            h.seed = mixed_seed(o.seed, h.seed, -1, layer_of(j));
+            h.worker = static_cast<std::size_t>(rank_);
+            return h;
+          }));
+          break;
         case codec_kind::gradiveq: {
           auto g = std::make_unique<gradiveq_bucket<Policy>>(plan_, b, rank_, ranks_, *life);
           gradiveq_buckets_.push_back(g.get());
           out.push_back(std::move(g));
           break;
         }
+        case codec_kind::powersgd: out.push_back(std::make_unique<powersgd_bucket<Policy>>(plan_, b)); break;
         case codec_kind::two_bit:
           out.push_back(std::make_unique<gather_bucket<two_bit_quantizer<Policy>>>(
               "two_bit", lengths, [&](std::size_t, std::size_t n) { return two_bit_quantizer<Policy>(n, o.two_bit); }));
@@ -380,6 +424,17 @@ class bucket_layer {
           break;
       }
     }
+  }
+
+  // after_reduce_check::finite: float32 finite; float16 / bfloat16 finite
+  // and below the type's largest value (a saturated sum is an overflow).
+  static bool reduced_finite(buffer_element el, std::span<const float> x) {
+    if (el == buffer_element::float32) return find_non_finite(Policy{}, x) == x.size();
+    if (el == buffer_element::int32_words) return true;
+    const float top = summable::max_finite(el);
+    bool ok = true;
+    for (const float v : x) ok &= std::fabs(v) < top;
+    return ok;
   }
 
   std::vector<std::span<const float>> layer_spans(std::span<const std::span<const float>> g, std::size_t b) const {

@@ -1,8 +1,9 @@
 #pragma once
 /// \file exchange/collectives.hpp
 /// The collectives the exchange runs its rounds with over gradcomp's own
-/// transports: the sum of a float buffer on the ring driver
-/// (ring_allreduce: bit-identical on every rank), an all-gather of byte
+/// transports: the sum of a summable buffer on the ring driver
+/// (ring_allreduce for float32, ring_allreduce_summable for 16-bit floats
+/// and integer words: bit-identical on every rank), an all-gather of byte
 /// payloads (a ring of N - 1 forwarding steps, every rank ends with every
 /// payload in rank order) and the max of a small float buffer (an
 /// all-gather of it, then the element-wise max in rank order).
@@ -20,6 +21,8 @@
 #include <gradcomp/abi.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
+#include <gradcomp/exchange/contract.hpp>
+#include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/tags.hpp>
 
@@ -142,14 +145,62 @@ void max_round(T& t, std::span<float> data, int tag, wire_counters& c) {
   }
 }
 
+/// Sums the summable buffer `data` of element `e` in place: float32 on the
+/// ring driver (sum_round), the other types on the summable ring
+/// (ring_allreduce_summable: 16-bit cells travel as 2 bytes, rounded once
+/// per hop; int32_words add as words). Tags tag_base and tag_base + 1.
+template <ExecutionPolicy Policy, Transport T>
+void sum_round(T& t, std::span<float> data, buffer_element e, int tag_base, wire_counters& c) {
+  if (e == buffer_element::float32) {
+    sum_round<Policy>(t, data, tag_base, c);
+    return;
+  }
+  wait_timing_transport<T> timed(t, c.wait_seconds);
+  const ring_stats st = ring_allreduce_summable(Policy{}, timed, data, e,
+                                                ring_options{.average = false, .tag_base = tag_base, .tag_owner = tags::exchange});
+  c.bytes_sent += st.bytes_sent;
+  c.messages_sent += st.messages_sent;
+  c.wire_seconds += st.seconds;
+}
+
+/// The element-wise max of the summable buffer `data` of a float element
+/// type across the ranks (an all-gather of its packed cells, then the max in
+/// rank order). int32_words: invalid_argument_error.
+template <Transport T>
+void max_round(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
+  if (e == buffer_element::float32) {
+    max_round(t, data, tag, c);
+    return;
+  }
+  if (e == buffer_element::int32_words)
+    throw invalid_argument_error("exchange max round: int32_words buffers have no element-wise max");
+  std::vector<std::byte> mine(data.size() * element_bytes(e));
+  summable::pack(e, data, mine);
+  const auto all = all_gather_round(t, std::move(mine), tag, c);
+  std::vector<float> one(data.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() != data.size() * element_bytes(e))
+      throw transport_error("exchange max round: rank " + std::to_string(r) + " sent " +
+                            std::to_string(all[r].size()) + " bytes, expected " +
+                            std::to_string(data.size() * element_bytes(e)));
+    summable::unpack(e, all[r], one);
+    if (r == 0)
+      std::copy(one.begin(), one.end(), data.begin());
+    else
+      summable::max_into(e, data, one);
+  }
+}
+
 /// The collectives a model_exchange runs its rounds with (the plug-in point of
 /// other schedules: Rabenseifner, hierarchical rings, the MPI library's own
-/// all-reduce). Every rank must end with the same bits.
+/// all-reduce). `sum` and `max` reduce a summable buffer of the given element
+/// type (payloads/summable.hpp; max for the float types only). Every rank
+/// must end with the same bits.
 template <class R, class T>
-concept RoundCollectives = requires(R& r, T& t, std::span<float> buf, std::vector<std::byte> bytes, int tag,
-                                    wire_counters& c) {
-  { r.sum(t, buf, tag, c) } -> std::same_as<void>;
-  { r.max(t, buf, tag, c) } -> std::same_as<void>;
+concept RoundCollectives = requires(R& r, T& t, std::span<float> buf, buffer_element e, std::vector<std::byte> bytes,
+                                    int tag, wire_counters& c) {
+  { r.sum(t, buf, e, tag, c) } -> std::same_as<void>;
+  { r.max(t, buf, e, tag, c) } -> std::same_as<void>;
   { r.all_gather(t, std::move(bytes), tag, c) } -> std::same_as<std::vector<std::vector<std::byte>>>;
 };
 
@@ -157,12 +208,12 @@ concept RoundCollectives = requires(R& r, T& t, std::span<float> buf, std::vecto
 template <ExecutionPolicy Policy = execution::seq>
 struct ring_collectives {
   template <Transport T>
-  void sum(T& t, std::span<float> data, int tag, wire_counters& c) {
-    sum_round<Policy>(t, data, tag, c);
+  void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
+    sum_round<Policy>(t, data, e, tag, c);
   }
   template <Transport T>
-  void max(T& t, std::span<float> data, int tag, wire_counters& c) {
-    max_round(t, data, tag, c);
+  void max(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
+    max_round(t, data, e, tag, c);
   }
   template <Transport T>
   std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {

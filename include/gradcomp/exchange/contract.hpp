@@ -7,10 +7,10 @@
 ///    and the schedule state (the same on every rank). Each round is one
 ///    collective: a reduction (sum or max) of a summable buffer, or an
 ///    all-gather of byte payloads. Nothing is sent outside a round.
-///  - Summable buffers. The element type (float32 today; float16, bfloat16
-///    and integer words with headroom declared for the codecs to come), the
-///    length, and the check applied after the reduction (finite values, lane
-///    ranges). Any all-reduce (gradcomp's ring, a framework's) may reduce it.
+///  - Summable buffers. The element type (float32, float16, bfloat16, or
+///    integer words of packed lanes with headroom: payloads/summable.hpp),
+///    the length, and the check applied after the reduction (finite values,
+///    lane ranges). Any all-reduce (gradcomp's ring, a framework's) may reduce it.
 ///  - Flags. The first round of a step carries the control block: one group
 ///    of slots per rank (failure code, eq. 7 stale vote, state digest). A rank
 ///    writes only its own slots, so a sum, a max or an all-gather-then-sum of
@@ -19,6 +19,7 @@
 ///    before the first round; later rounds depend only on agreed (reduced)
 ///    data, so they fail identically on every rank or not at all.
 
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,7 @@
 
 #include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
+#include <gradcomp/payloads/summable.hpp>
 
 namespace gradcomp::exchange {
 GRADCOMP_ABI_NAMESPACE_BEGIN
@@ -39,24 +41,19 @@ enum class round_op : std::uint8_t {
   all_gather = 2,  ///< every rank's byte payload to every rank, in rank order
 };
 
-/// Element type of a summable buffer.
-enum class buffer_element : std::uint8_t {
-  float32 = 0,   ///< IEEE binary32 (the only type the codecs of this release produce)
-  float16 = 1,   ///< IEEE binary16 (declared for the 16-bit codecs)
-  bfloat16 = 2,  ///< bfloat16 (declared for the 16-bit codecs)
-  int32_words = 3,  ///< 32-bit words of packed lanes with headroom: adding words adds the lanes
-};
+/// Element type of a summable buffer: gradcomp::summable_element
+/// (payloads/summable.hpp: float32, float16, bfloat16, int32_words, their
+/// wire form, sums and maxima).
+using buffer_element = gradcomp::summable_element;
 
-/// Bytes of one element of a summable buffer.
-constexpr std::size_t element_bytes(buffer_element e) noexcept {
-  return e == buffer_element::float16 || e == buffer_element::bfloat16 ? 2 : 4;
-}
+/// Bytes of one element of a summable buffer on the wire (summable::wire_bytes).
+constexpr std::size_t element_bytes(buffer_element e) noexcept { return summable::wire_bytes(e); }
 
 /// What is checked after a reduction (by the bucket layer, whoever reduced).
 enum class after_reduce_check : std::uint8_t {
   none = 0,
-  finite = 1,      ///< every element finite (float types)
-  lane_range = 2,  ///< every packed lane inside its range (integer words)
+  finite = 1,      ///< every element finite (float types; 16-bit: not saturated at +-max either)
+  lane_range = 2,  ///< every packed lane inside its range (integer words; checked by the codec's absorb)
 };
 
 /// One round of one bucket: which collective and on what.
@@ -118,8 +115,9 @@ class exchange_failure_error : public error {
   std::vector<rank_failure> failures_;
 };
 
-/// The control block carried by the first round of a step: three float32
-/// slots per rank. Each slot has one writer (its rank; the others write 0),
+/// The control block carried by the first round of a step: three slots per
+/// rank (float32 values; in a 16-bit or int32_words first round each slot is
+/// encoded in cells_per_slot cells of that type, see encode / decode). Each slot has one writer (its rank; the others write 0),
 /// so its value after a sum, a max or an all-gather-then-sum is exactly what
 /// that rank wrote: small integers below 2^24, exact in float32.
 struct control_block {
@@ -134,6 +132,60 @@ struct control_block {
   /// Encodes a failure as the slot value (layer -1 when none).
   static float failure_value(failure_reason r, std::ptrdiff_t layer) noexcept {
     return r == failure_reason::none ? 0.0f : float(static_cast<int>(r) + 8 * (layer + 1));
+  }
+
+  /// Cells one slot takes in a buffer of element `e`, so that the slot's sum
+  /// (or max) with zeros stays exact: float32 1 (integers below 2^24 are
+  /// exact); float16 and bfloat16 3 (8-bit digits, low first: 0..255 is exact
+  /// in both); int32_words 1 (the value as a uint32 word).
+  static constexpr std::size_t cells_per_slot(buffer_element e) noexcept {
+    return e == buffer_element::float16 || e == buffer_element::bfloat16 ? 3 : 1;
+  }
+  /// Cells of the block for `ranks` ranks in a buffer of element `e`.
+  static constexpr std::size_t cells(buffer_element e, int ranks) noexcept { return cells_per_slot(e) * length(ranks); }
+
+  /// Writes the block (slot values: integers in [0, 2^24)) as cells of `e`.
+  static void encode(buffer_element e, std::span<const float> block, std::span<float> out) {
+    if (out.size() != block.size() * cells_per_slot(e))
+      throw size_mismatch_error("exchange control block: cells", block.size() * cells_per_slot(e), out.size());
+    for (std::size_t i = 0; i < block.size(); ++i) {
+      const auto v = static_cast<std::uint32_t>(block[i]);
+      if (e == buffer_element::float32)
+        out[i] = block[i];
+      else if (e == buffer_element::int32_words)
+        out[i] = std::bit_cast<float>(v);
+      else
+        for (std::size_t d = 0; d < 3; ++d) out[3 * i + d] = float((v >> (8 * d)) & 0xFFu);
+    }
+  }
+  /// Reads the block back from reduced cells of `e`. Cells that no exact
+  /// sum of the encoded slots can give (a digit outside 0..255, a word at or
+  /// above 2^24, a non-integer) throw transport_error: the buffer was not
+  /// reduced as its element type. The reduced cells are the same on every
+  /// rank, so every rank throws alike.
+  static void decode(buffer_element e, std::span<const float> in, std::span<float> block) {
+    if (in.size() != block.size() * cells_per_slot(e))
+      throw size_mismatch_error("exchange control block: cells", block.size() * cells_per_slot(e), in.size());
+    auto malformed = [] {
+      throw transport_error("exchange: the reduced control block is malformed (was the buffer reduced as its element type?)");
+    };
+    for (std::size_t i = 0; i < block.size(); ++i) {
+      if (e == buffer_element::float32) {
+        block[i] = in[i];
+      } else if (e == buffer_element::int32_words) {
+        const std::uint32_t w = std::bit_cast<std::uint32_t>(in[i]);
+        if (w >= (1u << 24)) malformed();
+        block[i] = float(w);
+      } else {
+        std::uint32_t v = 0;
+        for (std::size_t d = 0; d < 3; ++d) {
+          const float c = in[3 * i + d];
+          if (!(c >= 0.0f && c <= 255.0f) || c != float(static_cast<std::uint32_t>(c))) malformed();
+          v |= static_cast<std::uint32_t>(c) << (8 * d);
+        }
+        block[i] = float(v);
+      }
+    }
   }
 };
 

@@ -17,7 +17,10 @@
 #include <gradcomp/abi.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/layout.hpp>
+#include <gradcomp/powersgd.hpp>
+#include <gradcomp/lgc/schedule.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -50,6 +53,11 @@ class model_description {
   model_description& add_conv(std::string name, std::size_t f, std::size_t d, std::size_t h, std::size_t w) {
     return add(std::move(name), layer_shape::conv(f, d, h, w), 4);
   }
+  /// A 2-D weight [rows, cols] (a linear layer's [out_features, in_features]):
+  /// dense for every codec but PowerSGD, which views it as a rows x cols matrix.
+  model_description& add_matrix(std::string name, std::size_t rows, std::size_t cols) {
+    return add(std::move(name), layer_shape::matrix(rows, cols), 2);
+  }
   /// A tensor of n elements in framework order (`tensor_rank` 1 for a bias or norm weight).
   model_description& add_dense(std::string name, std::size_t n, std::size_t tensor_rank = 2) {
     return add(std::move(name), layer_shape::dense(n), tensor_rank);
@@ -70,7 +78,16 @@ enum class codec_kind : std::uint8_t {
   qsgd = 3,      ///< QSGD (4 bits by default): all-gather round
   top_k = 4,     ///< top-R% sparsifier with memory (DGS Alg. 1, DGC option): all-gather round
   custom = 5,    ///< a bucket codec made by plan_options::custom_factory (any BucketCodec)
+  fp16 = 6,      ///< IEEE binary16 (half.hpp): one sum round of a float16 buffer
+  bf16 = 7,      ///< bfloat16 (half.hpp): one sum round of a bfloat16 buffer
+  homomorphic = 8,  ///< agreed-scale integer quantizer (homomorphic.hpp): a max round, then a sum of int32 words
+  powersgd = 9,  ///< rank-r PowerSGD (Vogels et al. 2019): a sum round of the P's, then one of the Q's
+  lgc_ring = 10,  ///< LGC's ring form (seed 004, Alg. 2): full / top-k + training / code rounds; one bucket
+  lgc_ps = 11,    ///< LGC's parameter-server form (seed 004, Alg. 1), the server's work on every rank; one bucket
 };
+
+/// True for the LGC kinds (their layers form one bucket, made by plan_options::lgc_factory).
+constexpr bool is_lgc(codec_kind k) noexcept { return k == codec_kind::lgc_ring || k == codec_kind::lgc_ps; }
 
 /// A readable name of a codec kind.
 inline const char* to_string(codec_kind k) noexcept {
@@ -81,6 +98,12 @@ inline const char* to_string(codec_kind k) noexcept {
     case codec_kind::qsgd: return "qsgd";
     case codec_kind::top_k: return "top_k";
     case codec_kind::custom: return "custom";
+    case codec_kind::fp16: return "fp16";
+    case codec_kind::bf16: return "bf16";
+    case codec_kind::homomorphic: return "homomorphic";
+    case codec_kind::powersgd: return "powersgd";
+    case codec_kind::lgc_ring: return "lgc_ring";
+    case codec_kind::lgc_ps: return "lgc_ps";
   }
   return "unknown";
 }
@@ -125,6 +148,10 @@ struct plan_options {
   qsgd_options qsgd;                                   ///< seed mixed with rank and layer
   two_bit_options two_bit = two_bit_options::automatic();
   sparsifier_options top_k;                            ///< seed mixed with rank and layer
+  homomorphic_options homomorphic;                     ///< lane width (0: from N), block size; seed mixed with the layer (shared by the ranks), worker = rank
+  /// PowerSGD's options (rank, start period, dense rule); its seed is mixed
+  /// with the layer only, never the rank: every rank draws the same Q.
+  powersgd_options powersgd;
   std::uint64_t seed = 0;                              ///< mixed into every rounding stream
   /// The exchange returns the mean over ranks (true) or the sum.
   bool average = true;
@@ -132,6 +159,18 @@ struct plan_options {
   /// plan's fingerprint: give another name to another custom codec or option).
   custom_bucket_factory custom_factory;
   std::string custom_name;
+  /// LGC's options (seed 004; lgc/schedule.hpp). Its layers form one bucket
+  /// whatever bucket_bytes says: the first layer of that bucket (when
+  /// `lgc.first_layer_dense`) and, with `lgc_rank1_dense`, its layers of tensor
+  /// rank 1 are concatenated into LGC's dense layer; the last other layer is
+  /// top-k only (when `lgc.last_layer_topk_only`); the rest go through the
+  /// autoencoder. exchange/lgc_bucket.hpp.
+  lgc_options lgc;
+  bool lgc_rank1_dense = true;
+  /// Makes the LGC bucket: set it to exchange::lgc_bucket_factory<Policy>()
+  /// (exchange/lgc_bucket.hpp; LGC needs zlib: link gradcomp::lgc), so that
+  /// plans without LGC never need zlib.
+  custom_bucket_factory lgc_factory;
 };
 
 
@@ -152,6 +191,10 @@ class plan {
     for (const auto& l : model_.layers()) kinds_.push_back(choose(l));
     if (std::find(kinds_.begin(), kinds_.end(), codec_kind::custom) != kinds_.end() && !opt_.custom_factory)
       throw invalid_argument_error("exchange::plan: custom layers need plan_options::custom_factory");
+    if (std::any_of(kinds_.begin(), kinds_.end(), is_lgc) && !opt_.lgc_factory)
+      throw invalid_argument_error(
+          "exchange::plan: LGC layers need plan_options::lgc_factory = exchange::lgc_bucket_factory<Policy>() "
+          "(exchange/lgc_bucket.hpp)");
     make_buckets();
     fingerprint_ = compute_fingerprint();
   }
@@ -181,11 +224,11 @@ class plan {
   // open bucket of its kind while the bucket stays within bucket_bytes.
   void make_buckets() {
     const std::size_t cap = opt_.bucket_bytes / sizeof(float);
-    std::vector<std::ptrdiff_t> open(6, -1);
+    std::vector<std::ptrdiff_t> open(std::size_t{1} << 8, -1);  // one slot per possible codec_kind value
     for (std::size_t i = 0; i < model_.size(); ++i) {
       const auto k = static_cast<std::size_t>(kinds_[i]);
       const std::size_t n = model_[i].shape.size();
-      if (open[k] >= 0 && buckets_[static_cast<std::size_t>(open[k])].elements + n <= cap) {
+      if (open[k] >= 0 && (is_lgc(kinds_[i]) || buckets_[static_cast<std::size_t>(open[k])].elements + n <= cap)) {
         auto& b = buckets_[static_cast<std::size_t>(open[k])];
         b.layers.push_back(i);
         b.elements += n;
@@ -248,8 +291,39 @@ class plan {
     w.put<float>(opt_.top_k.momentum);
     w.put<std::uint64_t>(opt_.seed);
     w.put<std::uint8_t>(opt_.average ? 1 : 0);
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::homomorphic) != kinds_.end()) {
+      // Only plans that use it hash its options: other plans keep their fingerprints.
+      w.put<std::uint32_t>(opt_.homomorphic.bits);
+      w.put<std::uint64_t>(opt_.homomorphic.block_size);
+      w.put<std::uint64_t>(opt_.homomorphic.seed);
+    }
     w.put<std::uint64_t>(opt_.custom_name.size());
     w.put_bytes(std::as_bytes(std::span<const char>(opt_.custom_name.data(), opt_.custom_name.size())));
+    // PowerSGD's options only when a layer uses it, so other plans keep their fingerprints.
+    if (std::find(kinds_.begin(), kinds_.end(), codec_kind::powersgd) != kinds_.end()) {
+      const auto& ps = opt_.powersgd;
+      for (std::uint64_t v : {std::uint64_t(ps.rank), std::uint64_t(ps.error_feedback), std::uint64_t(ps.warm_start),
+                              ps.seed, std::uint64_t(ps.start_iter), std::uint64_t(ps.min_elements)})
+        w.put<std::uint64_t>(v);
+    }
+    if (std::any_of(kinds_.begin(), kinds_.end(), is_lgc)) {  // plans without LGC keep their fingerprint
+      const auto& l = opt_.lgc;
+      for (double v : {l.alpha_percent, l.innovation_percent, double(l.momentum), double(l.learning_rate),
+                       double(l.lambda1), double(l.lambda2), double(l.architecture.leaky_slope)})
+        w.put<double>(v);
+      for (std::uint64_t v : {std::uint64_t(l.first_layer_dense), std::uint64_t(l.last_layer_topk_only),
+                              std::uint64_t(l.feedback_reconstruction_error), std::uint64_t(l.window),
+                              std::uint64_t(l.schedule.full_iterations), std::uint64_t(l.schedule.training_iterations),
+                              std::uint64_t(l.optimizer), std::uint64_t(std::int64_t(l.deflate_level)), l.seed,
+                              std::uint64_t(l.trainer_rank), std::uint64_t(l.common_worker),
+                              std::uint64_t(opt_.lgc_rank1_dense), std::uint64_t(l.architecture.code_channels),
+                              std::uint64_t(l.architecture.kernel)})
+        w.put<std::uint64_t>(v);
+      for (const auto* ch : {&l.architecture.encoder_channels, &l.architecture.decoder_channels}) {
+        w.put<std::uint64_t>(ch->size());
+        for (auto c : *ch) w.put<std::uint64_t>(c);
+      }
+    }
     return wire::crc32c(0, bytes);
   }
 

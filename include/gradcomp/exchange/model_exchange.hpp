@@ -65,8 +65,8 @@ class model_exchange {
     layer_.begin_step(in, request_skip);
     while (pending_round* r = layer_.next_round()) {
       switch (r->spec.op) {
-        case round_op::sum: coll_.sum(*t_, r->buffer, opt_.tag_base, wc); layer_.complete_round(); break;
-        case round_op::max: coll_.max(*t_, r->buffer, opt_.tag_base + 2, wc); layer_.complete_round(); break;
+        case round_op::sum: coll_.sum(*t_, r->buffer, r->spec.element, opt_.tag_base, wc); layer_.complete_round(); break;
+        case round_op::max: coll_.max(*t_, r->buffer, r->spec.element, opt_.tag_base + 2, wc); layer_.complete_round(); break;
         case round_op::all_gather:
           layer_.complete_round(coll_.all_gather(*t_, std::move(r->payload), opt_.tag_base + 2, wc));
           break;

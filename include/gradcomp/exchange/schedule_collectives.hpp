@@ -10,9 +10,8 @@
 ///
 /// The element type of a summable buffer goes through one function,
 /// element_adder: float32 with the policy's add_into; the other elements
-/// with gradcomp::summable::add_into once payloads/summable.hpp is present
-/// (cells travel as 4-byte floats: the same values, twice the bytes of a
-/// packed 16-bit wire).
+/// with gradcomp::summable::add_into (payloads/summable.hpp; cells travel as
+/// 4-byte floats: the same values, twice the bytes of a packed 16-bit wire).
 
 #include <chrono>
 #include <cstddef>
@@ -128,7 +127,7 @@ void schedule_max(T& t, std::span<float> buf, buffer_element e, int tag, wire_co
       return;
     }
   }
-  max_round(t, buf, tag, c);
+  max_round(t, buf, e, tag, c);
 }
 
 }  // namespace detail

@@ -94,6 +94,24 @@ class conv_geometry {
   index_type in_ = 0, out_ = 0, kernel_ = 1, stride_ = 1, padding_ = 0;
 };
 
+/// y = act(y + bias), column by column so each column is read and written
+/// once while it is in L1 (act: leaky ReLU of the given slope, or none when
+/// `leaky_slope` is null). Bit-identical to the bias pass followed by a
+/// separate leaky_relu layer.
+template <class T>
+void add_bias_activate(matrix<T>& y, const vector<T>& bias, const T* leaky_slope) {
+  if (!leaky_slope) {
+    y.colwise() += bias;
+    return;
+  }
+  const T s = *leaky_slope;
+  for (index_type j = 0; j < y.cols(); ++j) {
+    auto c = y.col(j).array();
+    c += bias.array();
+    c = (c > T(0)).select(c, s * c);
+  }
+}
+
 template <class T>
 void check_input(const tensor<T>& x, index_type channels, const char* layer) {
   if (x.channels() != channels)
@@ -134,8 +152,9 @@ class conv1d : public detail::conv_geometry {
     bias.setZero();
   }
 
-  /// Inference pass: y = conv(x). `col` is scratch.
-  void infer(const tensor<T>& x, tensor<T>& y, matrix<T>& col) const {
+  /// Inference pass: y = conv(x), then a leaky ReLU of slope *leaky_slope
+  /// fused into the bias pass when leaky_slope is not null. `col` is scratch.
+  void infer(const tensor<T>& x, tensor<T>& y, matrix<T>& col, const T* leaky_slope = nullptr) const {
     detail::check_input(x, in_, "conv1d");
     const index_type lo = output_length(x.length), b = x.batch();
     y.resize(out_, lo, b);
@@ -145,7 +164,7 @@ class conv1d : public detail::conv_geometry {
       detail::im2col(x.data, x.length, lo, b, kernel_, stride_, padding_, col);
       y.data.noalias() = weight * col;
     }
-    y.data.colwise() += bias;
+    detail::add_bias_activate(y.data, bias, leaky_slope);
   }
 
   /// Training pass: as infer, keeping what backward needs.
@@ -235,14 +254,15 @@ class conv_transpose1d : public detail::conv_geometry {
     bias.setZero();
   }
 
-  void infer(const tensor<T>& x, tensor<T>& y, matrix<T>& col) const {
+  /// Inference pass, with an optional fused leaky ReLU as conv1d::infer.
+  void infer(const tensor<T>& x, tensor<T>& y, matrix<T>& col, const T* leaky_slope = nullptr) const {
     detail::check_input(x, in_, "conv_transpose1d");
     const index_type lo = output_length(x.length), b = x.batch();
     col.noalias() = weight * x.data;
     y.resize(out_, lo, b);
     y.data.setZero();
     detail::col2im_add(col, lo, x.length, b, kernel_, stride_, padding_, y.data);
-    y.data.colwise() += bias;
+    detail::add_bias_activate(y.data, bias, leaky_slope);
   }
 
   void forward(const tensor<T>& x, tensor<T>& y) {

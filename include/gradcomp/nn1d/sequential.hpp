@@ -83,16 +83,26 @@ class sequential {
     ws.cols.resize(layers_.size());
     const tensor<T>* in = &x;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      tensor<T>& out = (i + 1 == layers_.size()) ? y : ws.acts[i];
+      // A convolution followed by a leaky ReLU runs as one layer: the
+      // activation is applied in the convolution's bias pass (one pass over
+      // the output instead of three), with the same bits.
+      const leaky_relu<T>* act =
+          (i + 1 < layers_.size() && !std::holds_alternative<leaky_relu<T>>(layers_[i]))
+              ? std::get_if<leaky_relu<T>>(&layers_[i + 1])
+              : nullptr;
+      const T slope = act ? act->slope() : T(0);
+      const std::size_t last = act ? i + 1 : i;
+      tensor<T>& out = (last + 1 == layers_.size()) ? y : ws.acts[last];
       std::visit(
           [&](const auto& l) {
             if constexpr (std::is_same_v<std::decay_t<decltype(l)>, leaky_relu<T>>)
               l.infer(*in, out);
             else
-              l.infer(*in, out, ws.cols[i]);
+              l.infer(*in, out, ws.cols[i], act ? &slope : nullptr);
           },
           layers_[i]);
       in = &out;
+      i = last;
     }
   }
   void infer(const tensor<T>& x, tensor<T>& y) const {

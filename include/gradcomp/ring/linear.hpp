@@ -21,6 +21,7 @@
 #include <gradcomp/ring/channel.hpp>
 #include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/ring/stats.hpp>
+#include <gradcomp/ring/summable.hpp>
 
 namespace gradcomp {
 
@@ -32,6 +33,17 @@ concept SegmentedCodec = Codec<C> && requires(const C& cc, C& c, std::size_t par
                                               std::span<const float> segment, typename C::payload_type& p) {
   { cc.segment_bounds(parts) } -> std::convertible_to<std::vector<std::size_t>>;
   c.encode_segment(offset, segment, p);
+};
+
+/// A linear codec that can add a segment of raw floats into a received
+/// payload and re-encode once (fp16_codec, bf16_codec):
+/// `add_raw_and_reencode(p, raw)` makes p the encoding of decode(p) + raw,
+/// rounded once. ring_allreduce_linear then skips encoding this rank's
+/// segments ahead and accumulating two payloads: each reduce-scatter hop is
+/// one add-and-re-encode, so a 16-bit sum is rounded once per hop.
+template <class C>
+concept ReencodingLinearCodec = LinearCodec<C> && requires(C& c, typename C::payload_type& p, std::span<const float> raw) {
+  c.add_raw_and_reencode(p, raw);
 };
 
 /// The customization point of ring_allreduce_linear: where the N segments of
@@ -134,6 +146,19 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   const int n = ring.size(), self = ring.rank(), steps = ring.steps();
   ring_check_summands(codec, n, who);
+  if constexpr (AgreedScaleCodec<std::remove_const_t<C>>) {
+    // The agreed scales first (the homomorphic quantizer): local scales, a
+    // max ring over them on the same tags (it completes before the receives
+    // below are posted, so the messages cannot mix), then the codes.
+    std::vector<float> scales(codec.scale_count(data.size()));
+    ring_timed(st.encode_seconds, [&] { codec.local_scales(std::span<const float>(data), std::span<float>(scales)); });
+    const ring_stats m = ring_allreduce_max(Policy{}, t, std::span<float>(scales), summable_element::float32, options);
+    st.bytes_sent += m.bytes_sent;
+    st.messages_sent += m.messages_sent;
+    st.bytes_received += m.bytes_received;
+    st.wait_seconds += m.wait_seconds;
+    codec.set_agreed_scales(std::span<const float>(scales), data.size());
+  }
   const std::vector<std::size_t> bounds = ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n),
                                                               data.size(), n, who);
   auto segment = [&](int j) {
@@ -187,11 +212,32 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   // Line 3: compress segment r and send it.
   encode_own(ring.reduce_scatter_send(0));
   ch.send(tag_rs, ch.serialize(own));
+  payload owned;
+  if constexpr (ReencodingLinearCodec<std::remove_const_t<C>>) {
+    // Lines 4-8 with one rounding per hop: the received partial sum and this
+    // rank's raw segment are added and re-encoded once (the sum has the
+    // shape of one payload: its body is limited like the first encode's).
+    for (std::size_t u = 0; u < body.size(); ++u) body[u] = body[u] ? body[u] : ring_payload_body_limit(bounds[u + 1] - bounds[u]);
+    for (int s = 0; s < steps; ++s) {
+      const int k = ring.reduce_scatter_recv(s);
+      auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
+      payload& in = got.second;
+      ring_timed(st.encode_seconds, [&] { codec.add_raw_and_reencode(in, std::span<const float>(segment(k))); });
+      ++st.encodes;
+      st.own_encoded_bytes += codec.encoded_bytes(in);
+      if (s + 1 < steps)
+        ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));
+      else
+        owned = std::move(in);
+    }
+    ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
+    st.seconds = ring_seconds_since(started);
+    return st;
+  }
   // Lines 4-8: the segment of step s is compressed before its predecessor's
   // sum is waited for, so compression overlaps the transfer (Fig. 2b); the
   // two are summed in the compressed domain (eq. 4) and forwarded.
   encode_own(ring.reduce_scatter_recv(0));
-  payload owned;
   for (int s = 0; s < steps; ++s) {
     const int k = ring.reduce_scatter_recv(s);
     auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
@@ -242,6 +288,16 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
+///
+/// An AgreedScaleCodec (the homomorphic quantizer) first agrees on its
+/// scales: local_scales of `data`, ring_allreduce_max over them (same tags,
+/// its bytes and messages added to the stats), set_agreed_scales; then
+/// Algorithm 1 as above (its accumulate is an integer addition).
+///
+/// A ReencodingLinearCodec (fp16, bf16) runs lines 4-8 as one
+/// add_raw_and_reencode per hop instead (the received partial sum plus this
+/// rank's raw segment, rounded once): each rank encodes only its first
+/// segment, and `on_encode` is called for that one encode only.
 template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},

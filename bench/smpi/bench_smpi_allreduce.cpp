@@ -1,0 +1,367 @@
+// bench_smpi_allreduce: one all-reduce method on one simulated platform and
+// one gradient, under SimGrid's SMPI (built with smpicxx by bench/smpi/
+// CMakeLists.txt, run by bench/smpi/run). Issue 21, items 6-8.
+//
+//   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
+//       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>]
+//   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
+//   bench_smpi_allreduce --list                                           (the methods, no MPI)
+//
+// A step = one collective per bucket, one bucket after the other. Every rank
+// rebuilds its gradient before each run (outside the timed region); a run is
+// timed from a barrier to the slowest rank's end (MPI_Wtime: simulated time),
+// one warm-up run then `repeats` timed runs, the best reported. Prints one
+// line `SMPI_RUN key=value ...` that the runner collects.
+//
+// Simulation rules (printed with --rules): every addition, encode and decode
+// of gradcomp runs in user code on the calling thread (execution policy simd
+// or seq, Eigen on one thread; no MPI_Reduce_local, no user MPI_Op, no helper
+// threads), so SMPI charges it through smpi/host-speed; SMPI_SAMPLE is used
+// nowhere; gradcomp's schedules here never choose a message size (the ring's
+// messages are the bucket's N segments).
+//
+// Methods are one entry each in methods(): a gradcomp schedule is added as a
+// `dense_method` (a function all-reducing one float span over mpi_transport)
+// or as a codec method (a per-bucket state made once, then one call per step).
+#include <mpi.h>
+
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/model_exchange.hpp>
+#include <gradcomp/qsgd.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/sparsify.hpp>
+#include <gradcomp/transport/mpi.hpp>
+#include <gradcomp/two_bit.hpp>
+
+#include "../common.hpp"
+#include "../conv_like_gradients.hpp"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gb = gradcomp::bench;
+namespace gx = gradcomp::exchange;
+using gradcomp::transport::mpi_transport;
+using policy = gb::policy;
+
+namespace {
+
+constexpr std::size_t gradiveq_K = 256;  // slice size
+constexpr std::size_t gradiveq_d = 32;   // K/d = 8, the paper's conv ratio
+
+// ---------------------------------------------------------------------------
+// Gradients: a list of buckets (float counts); `compressible` marks the
+// buckets a codec method compresses (conv layers), the others are summed
+// dense by gradcomp's ring, as the whole-model exchange would.
+struct bucket {
+  std::size_t elements = 0;
+  bool compressible = false;
+};
+
+/// ResNet-50 (torchvision): every parameter tensor, in order (the shapes of bench/bench_model_exchange.cpp).
+gx::model_description resnet50() {
+  gx::model_description m;
+  auto bn = [&](const std::string& n, std::size_t c) { m.add_dense(n + ".weight", c, 1).add_dense(n + ".bias", c, 1); };
+  m.add_conv("conv1", 64, 3, 7, 7);
+  bn("bn1", 64);
+  const std::size_t blocks[4] = {3, 4, 6, 3}, widths[4] = {64, 128, 256, 512};
+  std::size_t in = 64;
+  for (int l = 0; l < 4; ++l)
+    for (std::size_t b = 0; b < blocks[l]; ++b) {
+      const std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b);
+      const std::size_t w = widths[l];
+      m.add_conv(p + ".conv1", w, in, 1, 1);
+      bn(p + ".bn1", w);
+      m.add_conv(p + ".conv2", w, w, 3, 3);
+      bn(p + ".bn2", w);
+      m.add_conv(p + ".conv3", 4 * w, w, 1, 1);
+      bn(p + ".bn3", 4 * w);
+      if (b == 0) {
+        m.add_conv(p + ".downsample", 4 * w, in, 1, 1);
+        bn(p + ".downsample.bn", 4 * w);
+      }
+      in = 4 * w;
+    }
+  m.add_dense("fc.weight", 1000 * 2048).add_dense("fc.bias", 1000, 1);
+  return m;
+}
+
+/// The buckets of the whole-model exchange's plan (4 MiB buckets, exchange::plan's
+/// greedy fusion): with `compressed` the conv layers get a codec bucket of their own
+/// kind (GradiVeQ stands for any codec: the fusion depends only on the kinds).
+std::vector<bucket> plan_buckets(const gx::model_description& m, bool compressed) {
+  gx::plan_options o;
+  o.bucket_bytes = std::size_t{4} << 20;
+  o.rules.small_below = 4096;
+  o.rules.conv = compressed ? gx::codec_kind::gradiveq : gx::codec_kind::dense;
+  o.gradiveq.slice_size = gradiveq_K;
+  o.gradiveq.max_dimension = gradiveq_d;
+  const gx::plan p(m, o);
+  std::vector<bucket> out;
+  for (const auto& b : p.buckets()) out.push_back({b.elements, b.kind != gx::codec_kind::dense});
+  return out;
+}
+
+std::vector<bucket> gradient_buckets(const std::string& spec, bool compressed) {
+  if (spec == "resnet50") return plan_buckets(resnet50(), compressed);
+  if (spec.rfind("floats:", 0) == 0) return {{std::strtoull(spec.c_str() + 7, nullptr, 10), true}};
+  throw std::invalid_argument("unknown --gradient '" + spec + "' (resnet50 or floats:<n>)");
+}
+
+/// Rank `rank`'s gradient for a bucket: U(-1e-2, 1e-2) from a counter-based hash (cheap to rebuild).
+void fill_gradient(std::span<float> g, int rank, std::size_t bucket_index) {
+  const std::uint64_t base = gb::splitmix(std::uint64_t(rank) * 1000003u + bucket_index) << 20;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g[i] = 2e-2f * (float(gb::splitmix(base + i) >> 40) * (1.0f / 16777216.0f) - 0.5f);
+}
+
+// ---------------------------------------------------------------------------
+// Methods.
+struct context {
+  mpi_transport& transport;
+  int rank = 0, size = 1;
+};
+
+/// One method's state over the buckets of one gradient: step() all-reduces every bucket once.
+struct runner {
+  virtual ~runner() = default;
+  virtual void step(std::vector<std::vector<float>>& buckets) = 0;
+};
+
+using span_allreduce = std::function<void(context&, std::span<float>)>;
+
+/// A dense method: every bucket through `fn`.
+struct dense_runner final : runner {
+  context& c;
+  span_allreduce fn;
+  dense_runner(context& cx, span_allreduce f) : c(cx), fn(std::move(f)) {}
+  void step(std::vector<std::vector<float>>& buckets) override {
+    for (auto& b : buckets) fn(c, std::span<float>(b));
+  }
+};
+
+/// A codec method: compressible buckets through `run` with a per-bucket state
+/// made once by `make` (codecs live across steps, as in training); the other
+/// buckets through gradcomp's dense ring.
+template <class State>
+struct codec_runner final : runner {
+  context& c;
+  std::vector<std::unique_ptr<State>> states;  // null for dense buckets
+  std::function<void(context&, State&, std::span<float>)> run;
+  codec_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<State>(context&, std::size_t)>& make,
+               std::function<void(context&, State&, std::span<float>)> r)
+      : c(cx), run(std::move(r)) {
+    for (const auto& b : layout) states.push_back(b.compressible ? make(c, b.elements) : nullptr);
+  }
+  void step(std::vector<std::vector<float>>& buckets) override {
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      if (states[i]) run(c, *states[i], std::span<float>(buckets[i]));
+      else gradcomp::ring_allreduce(policy{}, c.transport, std::span<float>(buckets[i]));
+    }
+  }
+};
+
+struct method {
+  std::string name;      // --method
+  std::string codec;     // dense, gradiveq, qsgd4, two_bit, top_k (the runner's speedup tables group by it)
+  std::string schedule;  // ring, reencode_ring, allgather, mpi_allreduce
+  bool compressed_layout;
+  std::function<std::unique_ptr<runner>(context&, const std::vector<bucket>&)> make;
+};
+
+method dense_method(std::string name, std::string schedule, span_allreduce fn) {
+  return {std::move(name), "dense", std::move(schedule), false,
+          [fn](context& c, const std::vector<bucket>&) -> std::unique_ptr<runner> {
+            return std::make_unique<dense_runner>(c, fn);
+          }};
+}
+
+template <class State>
+method codec_method(std::string name, std::string codec, std::string schedule,
+                    std::function<std::unique_ptr<State>(context&, std::size_t)> make,
+                    std::function<void(context&, State&, std::span<float>)> run) {
+  return {std::move(name), std::move(codec), std::move(schedule), true,
+          [make, run](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
+            return std::make_unique<codec_runner<State>>(c, layout, make, run);
+          }};
+}
+
+using gradiveq_codec = gradcomp::linear_compressor<policy>;
+
+/// GradiVeQ of one bucket: K = 256, d = 32 (forced), fitted on 48 aggregated
+/// samples of conv-like slices (identical on every rank), then compressed steps.
+std::unique_ptr<gradiveq_codec> make_gradiveq(context& c, std::size_t length) {
+  gradcomp::gradiveq_options o;
+  o.slice_size = gradiveq_K;
+  o.summands = std::size_t(c.size);
+  o.lambda = 1e-4;
+  o.max_dimension = gradiveq_d;
+  auto codec = std::make_unique<gradiveq_codec>(length, o);
+  static const gb::conv_like_gradients source(gradiveq_K, gradiveq_d);
+  gb::fit_on_aggregated_samples(*codec, source, length, 4);
+  return codec;
+}
+
+/// The methods; a new gradcomp schedule is one more entry.
+const std::vector<method>& methods() {
+  static const std::vector<method> all = [] {
+    std::vector<method> m;
+    // Every MPI_Allreduce algorithm of SMPI: the algorithm is smpirun's
+    // --cfg=smpi/allreduce:<alg> (the runner passes it, and --label for the record).
+    m.push_back(dense_method("mpi_allreduce", "mpi_allreduce", [](context&, std::span<float> x) {
+      MPI_Allreduce(MPI_IN_PLACE, x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }));
+    // gradcomp's dense schedules.
+    m.push_back(dense_method("gc_ring", "ring", [](context& c, std::span<float> x) {
+      gradcomp::ring_allreduce(policy{}, c.transport, x);
+    }));
+    // gradcomp's compressed schedules.
+    m.push_back(codec_method<gradiveq_codec>(
+        "gc_gradiveq_ring", "gradiveq", "ring", make_gradiveq,
+        [](context& c, gradiveq_codec& q, std::span<float> x) { gradcomp::ring_allreduce_linear(policy{}, c.transport, q, x); }));
+    using qsgd_ring = std::vector<gradcomp::qsgd<policy>>;
+    m.push_back(codec_method<qsgd_ring>(
+        "gc_qsgd4_reencode_ring", "qsgd4", "reencode_ring",
+        [](context& c, std::size_t length) {
+          return std::make_unique<qsgd_ring>(gradcomp::make_ring_codecs(c.size, length, [&](int j, std::size_t) {
+            return gradcomp::qsgd<policy>({.bits = 4, .bucket_size = 512, .seed = std::uint64_t(c.rank * 4096 + j + 1)});
+          }));
+        },
+        [](context& c, qsgd_ring& q, std::span<float> x) { gradcomp::ring_allreduce_reencode(policy{}, c.transport, q, x); }));
+    using qsgd_one = gradcomp::qsgd<policy>;
+    m.push_back(codec_method<qsgd_one>(
+        "gc_qsgd4_allgather", "qsgd4_allgather", "allgather",
+        [](context& c, std::size_t) {
+          return std::make_unique<qsgd_one>(gradcomp::qsgd_options{.bits = 4, .bucket_size = 512, .seed = std::uint64_t(c.rank * 4096 + 99)});
+        },
+        [](context& c, qsgd_one& q, std::span<float> x) { gradcomp::ring_allgather_decode(policy{}, c.transport, q, x); }));
+    using two_bit = gradcomp::two_bit_quantizer<policy>;
+    m.push_back(codec_method<two_bit>(
+        "gc_two_bit_allgather", "two_bit", "allgather",
+        [](context&, std::size_t length) { return std::make_unique<two_bit>(length, gradcomp::two_bit_options::automatic()); },
+        [](context& c, two_bit& q, std::span<float> x) { gradcomp::ring_allgather_decode(policy{}, c.transport, q, x); }));
+    using top_k = gradcomp::sparsifier_with_memory<policy>;
+    m.push_back(codec_method<top_k>(
+        "gc_top_k_allgather", "top_k", "allgather",
+        [](context&, std::size_t length) { return std::make_unique<top_k>(length, gradcomp::sparsifier_options{.ratio_percent = 1.0}); },
+        [](context& c, top_k& q, std::span<float> x) { gradcomp::ring_allgather_decode(policy{}, c.transport, q, x); }));
+    return m;
+  }();
+  return all;
+}
+
+const char* rules_text =
+    "simulation rules (issue 21), for every method alike:\n"
+    "  - platform host speed = smpi/host-speed = the speed calibrated here (bench_smpi_allreduce --calibrate), one core per node\n"
+    "  - computation simulated (default), smpi/cpu-threshold at its default, no computation-adjustment file\n"
+    "  - SMPI_SAMPLE: used nowhere\n"
+    "  - every addition, encode and decode of gradcomp in user code on the calling thread (policy %s, Eigen %d thread):\n"
+    "    no MPI_Reduce_local, no user MPI_Op, no helper threads (SMPI charges nothing for those)\n"
+    "  - messages >= 64 KB wherever a schedule chooses the size (gradcomp's rings do not choose: segments = bucket / N)\n"
+    "  - SimGrid's default SMPI network model as shipped (bandwidth/latency factors, cross-traffic) for every method\n"
+    "  - gradcomp's own small collectives (the bench's barrier and timing reduction) run under the same\n"
+    "    smpi/allreduce setting as the best MPI_Allreduce algorithm's run\n";
+
+std::uint64_t checksum(const std::vector<std::vector<float>>& buckets) {
+  std::uint64_t h = 0;
+  for (const auto& b : buckets) {
+    std::uint64_t x = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, &b[i], 4);
+      x = x * 0x100000001B3ull + u;
+    }
+    h = gb::splitmix(h ^ x);
+  }
+  return h;
+}
+
+/// Real (thread CPU) elements per second of the dense ring's addition kernel: the host speed.
+int calibrate() {
+  const std::size_t n = std::size_t{1} << 22;  // 4M floats, 16 MB: as a ring segment, out of cache
+  std::vector<float> acc(n, 1.0f), x(n, 2.0f);
+  const double t = gb::best_cpu_seconds(
+      15, [&] { gradcomp::execution::add_into(policy{}, std::span<float>(acc), std::span<const float>(x)); gb::do_not_optimize(acc[n / 3]); });
+  std::printf("calibration: add_into(%s) over %zu floats, best of 15 (thread CPU time): %.3f ms = %.4g adds/s\n",
+              gb::policy_name, n, t * 1e3, double(n) / t);
+  std::printf("CALIBRATE host_speed_flops=%.6g\n", double(n) / t);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string method_name, spec = "resnet50", label;
+  int repeats = 1;
+  bool do_calibrate = false, list = false, rules = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--method") method_name = next();
+    else if (a == "--gradient") spec = next();
+    else if (a == "--repeats") repeats = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--label") label = next();
+    else if (a == "--calibrate") do_calibrate = true;
+    else if (a == "--list") list = true;
+    else if (a == "--rules") rules = true;
+  }
+  Eigen::setNbThreads(1);
+  if (list) {  // runs under smpirun -np 1 as well
+    for (const auto& m : methods()) std::printf("METHOD %s codec=%s schedule=%s\n", m.name.c_str(), m.codec.c_str(), m.schedule.c_str());
+    return 0;
+  }
+  if (rules) {
+    std::printf(rules_text, gb::policy_name, Eigen::nbThreads());
+    return 0;
+  }
+  if (do_calibrate) return calibrate();
+
+  gradcomp::transport::mpi_environment env(&argc, &argv);
+  mpi_transport transport(MPI_COMM_WORLD);
+  context c{transport, transport.rank(), transport.size()};
+  const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
+  if (found == methods().end()) {
+    if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());
+    return 2;
+  }
+  const method& m = *found;
+  const auto layout = gradient_buckets(spec, m.compressed_layout);
+  std::size_t total = 0, compressible = 0;
+  for (const auto& b : layout) {
+    total += b.elements;
+    if (b.compressible) compressible += b.elements;
+  }
+  std::vector<std::vector<float>> buckets;
+  for (const auto& b : layout) buckets.emplace_back(b.elements);
+  auto r = m.make(c, layout);
+
+  double best = 1e300;
+  for (int it = -1; it < repeats; ++it) {
+    for (std::size_t i = 0; i < buckets.size(); ++i) fill_gradient(buckets[i], c.rank, i);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    r->step(buckets);
+    double mine = MPI_Wtime() - t0, slowest = 0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (it >= 0) best = std::min(best, slowest);
+  }
+  unsigned long long h = checksum(buckets), hmin = 0, hmax = 0;
+  MPI_Allreduce(&h, &hmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  if (c.rank == 0)
+    std::printf("SMPI_RUN method=%s label=%s codec=%s schedule=%s nodes=%d gradient=%s floats=%zu compressible=%zu "
+                "buckets=%zu repeats=%d seconds=%.9g identical=%d\n",
+                m.name.c_str(), label.empty() ? "-" : label.c_str(), m.codec.c_str(), m.schedule.c_str(), c.size,
+                spec.c_str(), total, compressible, buckets.size(), repeats, best, hmin == hmax ? 1 : 0);
+  return 0;
+}
