@@ -12,7 +12,10 @@
 ///  - exchange/powersgd_bucket.hpp PowerSGD's two rounds (P, then Q) of a bucket
 ///  - exchange/bucket_layer.hpp the transport-free layer a framework drives with its own collectives
 ///  - exchange/collectives.hpp, exchange/model_exchange.hpp   the exchange over gradcomp's transports
+///  - exchange/schedule_collectives.hpp, exchange/auto_collectives.hpp   sum rounds on other all-reduce
+///    schedules (schedules.hpp), fixed or chosen by the cost model
 
+#include <gradcomp/exchange/auto_collectives.hpp>
 #include <gradcomp/exchange/bucket_codecs.hpp>
 #include <gradcomp/exchange/bucket_layer.hpp>
 #include <gradcomp/exchange/collectives.hpp>
@@ -21,3 +24,4 @@
 #include <gradcomp/exchange/model.hpp>
 #include <gradcomp/exchange/model_exchange.hpp>
 #include <gradcomp/exchange/powersgd_bucket.hpp>
+#include <gradcomp/exchange/schedule_collectives.hpp>

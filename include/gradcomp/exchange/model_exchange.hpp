@@ -6,7 +6,10 @@
 /// rounds as rings of payloads) and adds the wire to the statistics.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
@@ -90,10 +93,38 @@ class model_exchange {
   std::uint64_t steps() const noexcept { return layer_.steps(); }
   /// The bucket layer (codec states, the GradiVeQ schedule).
   const bucket_layer<Policy>& buckets() const noexcept { return layer_; }
-  /// The whole state as bytes (bucket_layer::save_state).
-  std::vector<std::byte> save_state() const { return layer_.save_state(); }
+  /// The collectives (auto_collectives: the agreed schedule choices).
+  const Collectives& collectives() const noexcept { return coll_; }
+  /// The whole state as bytes (bucket_layer::save_state; for collectives
+  /// with a state of their own, auto_collectives' schedule choices, that
+  /// state follows, then its length as a native uint64).
+  std::vector<std::byte> save_state() const {
+    std::vector<std::byte> s = layer_.save_state();
+    if constexpr (requires(const Collectives& c) { { c.save_state() } -> std::same_as<std::vector<std::byte>>; }) {
+      const std::vector<std::byte> c = coll_.save_state();
+      const std::uint64_t n = c.size();
+      s.insert(s.end(), c.begin(), c.end());
+      const auto* p = reinterpret_cast<const std::byte*>(&n);
+      s.insert(s.end(), p, p + sizeof n);
+    }
+    return s;
+  }
   /// Restores save_state() bytes of the same plan, world size and rank.
-  void restore_state(std::span<const std::byte> bytes) { layer_.restore_state(bytes); }
+  void restore_state(std::span<const std::byte> bytes) {
+    if constexpr (requires(Collectives& c) { c.restore_state(bytes); }) {
+      std::uint64_t n = 0;
+      if (bytes.size() < sizeof n) throw state_error("exchange::model_exchange::restore_state: truncated state");
+      std::memcpy(&n, bytes.data() + bytes.size() - sizeof n, sizeof n);
+      if (n > bytes.size() - sizeof n) throw state_error("exchange::model_exchange::restore_state: truncated state");
+      const std::size_t layer_bytes = bytes.size() - sizeof n - static_cast<std::size_t>(n);
+      Collectives restored = coll_;
+      restored.restore_state(bytes.subspan(layer_bytes, static_cast<std::size_t>(n)));
+      layer_.restore_state(bytes.first(layer_bytes));
+      coll_ = std::move(restored);
+    } else {
+      layer_.restore_state(bytes);
+    }
+  }
 
  private:
   T* t_;

@@ -20,8 +20,9 @@
 /// - isend_view() / irecv_into() (ZeroCopyTransport) send from and receive
 ///   into caller-owned memory with plain MPI_Isend / MPI_Irecv: no copy, no
 ///   allocation; the ring all-reduce uses them when the transport has them.
-/// - wait() polls with a short back-off and throws timeout_error after the
-///   transport's timeout, so a peer that dies or stops mid-collective gives
+/// - wait() polls with a back-off that spins only for the first 50 us of
+///   a wait and then sleeps between polls (2 us doubling to 64 us:
+///   detail::poll_backoff), and throws timeout_error after the transport's timeout, so a peer that dies or stops mid-collective gives
 ///   the survivors an error instead of a hang. Deadlines are measured with
 ///   MPI_Wtime, so under SMPI they run on simulated time. With no timeout
 ///   (zero: SMPI's default, where no rank can die and SMPI reports deadlocks
@@ -40,12 +41,16 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <ratio>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -53,73 +58,9 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
-
-#if !defined(GRADCOMP_MPI_SIMULATED)
-#if defined(SMPI_H)
-#define GRADCOMP_MPI_SIMULATED 1
-#else
-#define GRADCOMP_MPI_SIMULATED 0
-#endif
-#endif
-#if !defined(GRADCOMP_MPI_MATCHED_PROBE)
-#define GRADCOMP_MPI_MATCHED_PROBE (!GRADCOMP_MPI_SIMULATED)
-#endif
+#include <gradcomp/transport/mpi_wait.hpp>
 
 namespace gradcomp::transport {
-
-/// True when built against SimGrid's SMPI (simulated time, blocking waits).
-inline constexpr bool mpi_simulated = GRADCOMP_MPI_SIMULATED != 0;
-
-namespace detail {
-GRADCOMP_ABI_NAMESPACE_BEGIN
-
-/// The clock of every deadline: MPI_Wtime, which is simulated time under SMPI
-/// (a simulated collective may take minutes of real time) and a monotonic
-/// wall clock otherwise.
-struct mpi_wtime_clock {
-  using rep = double;
-  using period = std::ratio<1>;
-  using duration = std::chrono::duration<double>;
-  using time_point = std::chrono::time_point<mpi_wtime_clock>;
-  static constexpr bool is_steady = true;
-  static time_point now() noexcept { return time_point(duration(MPI_Wtime())); }
-};
-
-inline std::string mpi_error_string(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, static_cast<std::size_t>(length));
-}
-
-/// Throws transport_error naming the call and MPI's own error string.
-inline void mpi_check(int code, const char* call) {
-  if (code != MPI_SUCCESS) throw transport_error(std::string("gradcomp mpi: ") + call + " failed: " + mpi_error_string(code));
-}
-
-/// Back-off for polling loops: yield for the first few thousand polls (the
-/// MPI progress engine advances only while someone polls, and yielding hands
-/// the core to a co-located rank when ranks outnumber cores), then sleep up to
-/// 100 us, so a rank waiting for long does not steal a core.
-class poll_backoff {
- public:
-  void pause() {
-    if constexpr (mpi_simulated) return;  // simulated time advances with each MPI_Test; a real pause only wastes real time
-    if (++polls_ < 4096) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    if (sleep_us_ < 100) sleep_us_ *= 2;
-  }
-
- private:
-  int polls_ = 0;
-  int sleep_us_ = 5;
-};
-
-GRADCOMP_ABI_NAMESPACE_END
-}  // namespace detail
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Owns MPI_Init_thread / MPI_Finalize for programs that want gradcomp to do it.
@@ -159,6 +100,12 @@ struct mpi_transport_options {
   /// polling. Under SMPI the default is zero, so a simulated run spends no
   /// simulated time polling; a timeout set there runs on simulated time.
   std::chrono::milliseconds timeout{mpi_simulated ? std::chrono::milliseconds(0) : std::chrono::milliseconds(120000)};
+  /// The library all-reduces (library_allreduce_sum / _max) under `timeout`
+  /// too: MPI_Iallreduce waited with the deadline instead of MPI_Allreduce.
+  /// Off by default: MPI's non-blocking all-reduce is a slower algorithm
+  /// (Open MPI's libnbc: 3.7x MPI_Allreduce at 64 MB, bench_mpi_schedules),
+  /// and a dead rank inside MPI_Allreduce is MPI's to report.
+  bool library_timeout = false;
 };
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
@@ -416,7 +363,8 @@ class mpi_transport {
         rank_(other.rank_),
         size_(other.size_),
         max_tag_(other.max_tag_),
-        options_(other.options_) {}
+        options_(other.options_),
+        abandoned_(std::move(other.abandoned_)) {}
   mpi_transport& operator=(mpi_transport&&) = delete;
   ~mpi_transport() {
     int finalized = 0;
@@ -503,6 +451,20 @@ class mpi_transport {
   /// Blocks until every rank of the communicator has called it.
   void barrier() { detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
+  /// The MPI library's own all-reduce (gradcomp::LibraryAllreduceTransport,
+  /// schedules/library.hpp): sums `x` in place over the communicator with
+  /// MPI_Allreduce(MPI_FLOAT, MPI_SUM). With options().library_timeout and a
+  /// timeout (not under SMPI) it runs MPI_Iallreduce on copies and waits with
+  /// the transport's deadline (timeout_error; the copies are then left to
+  /// MPI, never freed under it).
+  void library_allreduce_sum(std::span<float> x) { library_allreduce(x.data(), x.size(), sizeof(float), MPI_FLOAT, MPI_SUM); }
+  /// The same on 32-bit words summed modulo 2^32 (MPI_UINT32_T, MPI_SUM).
+  void library_allreduce_sum(std::span<std::uint32_t> x) {
+    library_allreduce(x.data(), x.size(), sizeof(std::uint32_t), MPI_UINT32_T, MPI_SUM);
+  }
+  /// The element-wise max of `x` over the communicator (MPI_FLOAT, MPI_MAX).
+  void library_allreduce_max(std::span<float> x) { library_allreduce(x.data(), x.size(), sizeof(float), MPI_FLOAT, MPI_MAX); }
+
  private:
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_)
@@ -520,11 +482,52 @@ class mpi_transport {
                                    std::to_string(max_tag_) + "]");
   }
 
+  // In pieces of at most INT_MAX elements (MPI's int count).
+  void library_allreduce(void* data, std::size_t count, std::size_t elem, MPI_Datatype type, MPI_Op op) {
+    auto* base = static_cast<std::byte*>(data);
+    for (std::size_t at = 0; at < count;) {
+      const std::size_t n = std::min<std::size_t>(count - at, static_cast<std::size_t>(INT_MAX));
+      std::byte* piece = base + at * elem;
+      if (options_.timeout.count() == 0 || !options_.library_timeout || mpi_simulated) {
+        // The blocking call: no deadline asked for (or SMPI, where no rank dies and MPI_Iallreduce is unreliable).
+        detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, piece, static_cast<int>(n), type, op, comm_), "MPI_Allreduce");
+      } else {
+        // Send and receive buffers of our own, which MPI may keep using after
+        // a timeout: they are then kept alive in abandoned_.
+        auto bufs = std::make_shared<std::vector<std::byte>>(2 * n * elem);
+        std::memcpy(bufs->data(), piece, n * elem);
+        MPI_Request request = MPI_REQUEST_NULL;
+        detail::mpi_check(MPI_Iallreduce(bufs->data(), bufs->data() + n * elem, static_cast<int>(n), type, op, comm_,
+                                         &request),
+                          "MPI_Iallreduce");
+        const auto started = clock::now();
+        // MPI's non-blocking collectives advance only while polled: yield, never sleep
+        // (a busy core, as inside a blocking MPI_Allreduce).
+        detail::poll_backoff backoff(/*may_sleep=*/false);
+        for (;;) {
+          int done = 0;
+          detail::mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (all-reduce)");
+          if (done) break;
+          if (clock::now() - started > options_.timeout) {
+            abandoned_.push_back(std::move(bufs));
+            throw timeout_error("gradcomp mpi: rank " + std::to_string(rank_) +
+                                ": the library all-reduce did not complete within " +
+                                std::to_string(options_.timeout.count()) + " ms (a rank died or stopped)");
+          }
+          backoff.pause();
+        }
+        std::memcpy(piece, bufs->data() + n * elem, n * elem);
+      }
+      at += n;
+    }
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   int max_tag_ = 32767;
   mpi_transport_options options_;
+  std::vector<std::shared_ptr<std::vector<std::byte>>> abandoned_;  // buffers of timed-out library all-reduces
 };
 
 static_assert(ZeroCopyTransport<mpi_transport>);

@@ -1,0 +1,192 @@
+#pragma once
+/// \file schedules/cost_model.hpp
+/// The cost model that picks an all-reduce schedule (issue 21 item 3): a
+/// latency and a rate per link level (alpha, beta; measured with a 2-rank
+/// ping-pong or given), the per-element cost of an addition and of a codec's
+/// encode and decode (measured), and the textbook alpha-beta-gamma times of
+/// each schedule (Thakur, Rabenseifner and Gropp 2005) for a message size,
+/// N and codec. One rank (rank 0) decides and broadcasts its choice, so
+/// timing noise never makes ranks sum in different orders.
+/// Part of <gradcomp/schedules.hpp>.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/schedules/options.hpp>
+
+namespace gradcomp {
+
+/// One level of links: time of a message of b bytes = latency_s + b * seconds_per_byte.
+struct link_cost {
+  double latency_s = 50e-6;             ///< alpha: one message's latency (s)
+  double seconds_per_byte = 8.0 / 1e9;  ///< beta: the inverse rate (s per byte; 1 Gbit/s by default)
+};
+
+/// What one all-reduce moves and computes: the problem the model prices.
+struct cost_problem {
+  std::size_t elements = 0;       ///< floats of the vector (uncompressed)
+  int ranks = 1;                  ///< N
+  double wire_ratio = 1.0;        ///< bytes on the wire per byte of floats (1 dense; a codec's compressed / dense)
+  double encode_s = 0.0;          ///< a codec's encode time per element of the vector (0: dense)
+  double decode_s = 0.0;          ///< a codec's decode time per element of the vector (0: dense)
+  bool compressed = false;        ///< a LinearCodec's payloads (no pipelined or hierarchical form)
+};
+
+/// The model's parameters: a transport's link levels and the node's compute.
+struct cost_model {
+  link_cost inter;                     ///< between groups (every link when there are no groups)
+  link_cost intra;                     ///< inside a group (hierarchical schedule)
+  double add_s = 0.5e-9;               ///< one float addition, memory traffic included (s per element)
+  double message_overhead_s = 2e-6;    ///< CPU time per extra message of a chunked hop (s)
+  int group_size = 0;                  ///< hierarchical groups (0: none, the hierarchical schedule is not priced)
+  std::size_t chunk_elements = 32768;  ///< chunk of the pipelined schedules (floats)
+};
+
+/// A schedule's predicted time, or +inf where the schedule does not apply.
+/// The library schedule is never priced (its algorithm is the library's): force it.
+struct schedule_prediction {
+  std::array<double, schedule_kind_count> seconds{};
+  schedule_kind best = schedule_kind::ring;
+};
+
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// A hop moving `bytes` and adding `adds` elements, in chunks (receive, add
+/// and send overlap: the slower of the two plus one chunk of the other).
+inline double cost_hop(const link_cost& l, double bytes, double adds, const cost_model& m, bool pipelined) {
+  const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
+  const double elems = std::max(adds, bytes / 4.0);
+  const double k = pipelined && m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
+  if (k <= 1.0) return l.latency_s + wire + add;
+  return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s;
+}
+
+inline int cost_pof2(int n) noexcept {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// Predicted seconds of `kind` on problem p (+inf where it does not apply):
+///  ring            2(N-1) hops of s = m/N floats (m = elements x wire_ratio): (N-1)(alpha + 4s beta + s gamma) + (N-1)(alpha + 4s beta)
+///  pipelined_ring  the same hops in chunks: max(4s beta, s gamma) + min(...)/k + (k-1) overhead (dense only)
+///  rabenseifner    log2 p halving hops of m/2, m/4, ... (added), log2 p doubling hops, and for N != p
+///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta)
+///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
+///                  across groups, then (g-1) all-gather hops inside (dense; 1 < g < N, g | N)
+/// plus, for a codec, (encode_s + decode_s) x elements. gamma = add_s.
+inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const int n = std::max(1, p.ranks);
+  const double codec = (p.encode_s + p.decode_s) * double(p.elements);
+  if (n == 1) return kind == schedule_kind::library || kind == schedule_kind::hierarchical ? inf : codec;
+  const double mfl = double(p.elements) * p.wire_ratio, bytes = 4.0 * mfl;
+  const auto hops = [&](const link_cost& l, int count, double floats, bool add, bool pipelined) {
+    return double(count) * detail::cost_hop(l, 4.0 * floats, add ? floats : 0.0, m, pipelined);
+  };
+  switch (kind) {
+    case schedule_kind::ring:
+    case schedule_kind::pipelined_ring: {
+      const bool piped = kind == schedule_kind::pipelined_ring;
+      if (piped && p.compressed) return inf;
+      const double s = mfl / n;
+      return hops(m.inter, n - 1, s, true, piped) + hops(m.inter, n - 1, s, false, piped) + codec;
+    }
+    case schedule_kind::rabenseifner: {
+      const int q = detail::cost_pof2(n);
+      const bool piped = !p.compressed;
+      double t = codec;
+      if (q != n) t += detail::cost_hop(m.inter, bytes, mfl, m, piped) + detail::cost_hop(m.inter, bytes, 0, m, piped);
+      for (int d = q / 2; d >= 1; d /= 2) {
+        const double part = mfl * double(d) / double(q);
+        t += hops(m.inter, 1, part, true, piped) + hops(m.inter, 1, part, false, piped);
+      }
+      return t;
+    }
+    case schedule_kind::hierarchical: {
+      const int g = m.group_size;
+      if (p.compressed || !(g > 1 && g < n && n % g == 0)) return inf;
+      const int groups = n / g;
+      const double s = mfl / g, b = s / groups;
+      return hops(m.intra, g - 1, s, true, true) + hops(m.inter, groups - 1, b, true, true) +
+             hops(m.inter, groups - 1, b, false, true) + hops(m.intra, g - 1, s, false, true);
+    }
+    case schedule_kind::library: return inf;
+  }
+  return inf;
+}
+
+/// Every schedule's prediction and the fastest (ties to the lower schedule_kind value).
+inline schedule_prediction predict(const cost_model& m, const cost_problem& p) {
+  schedule_prediction out;
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < schedule_kind_count; ++i) {
+    const auto k = static_cast<schedule_kind>(i);
+    out.seconds[i] = predict_seconds(m, k, p);
+    if (out.seconds[i] < best) {
+      best = out.seconds[i];
+      out.best = k;
+    }
+  }
+  return out;
+}
+
+/// Seconds per element of add_into(Policy{}, ...) on `elements` floats (best of 5).
+template <ExecutionPolicy Policy = execution::seq>
+double measure_add_seconds(std::size_t elements = std::size_t(1) << 20) {
+  std::vector<float> a(elements, 1.0f), b(elements, 0.5f);
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    add_into(Policy{}, std::span<float>(a), std::span<const float>(b));
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best / double(std::max<std::size_t>(1, elements));
+}
+
+/// A codec's measured encode and decode time per element and its wire ratio
+/// on `sample` (best of 3), as a cost_problem's codec fields.
+template <Codec C>
+cost_problem measure_codec(C& codec, std::span<const float> sample, bool linear = true) {
+  cost_problem p;
+  typename C::payload_type q;
+  std::vector<float> out(sample.size());
+  double enc = std::numeric_limits<double>::infinity(), dec = enc;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    codec.encode(sample, q);
+    const auto t1 = std::chrono::steady_clock::now();
+    codec.decode(q, std::span<float>(out));
+    const auto t2 = std::chrono::steady_clock::now();
+    enc = std::min(enc, std::chrono::duration<double>(t1 - t0).count());
+    dec = std::min(dec, std::chrono::duration<double>(t2 - t1).count());
+  }
+  const double n = double(std::max<std::size_t>(1, sample.size()));
+  p.elements = sample.size();
+  p.encode_s = enc / n;
+  p.decode_s = dec / n;
+  p.wire_ratio = double(codec.encoded_bytes(q)) / (4.0 * n);
+  p.compressed = linear;
+  return p;
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp

@@ -1,0 +1,222 @@
+#pragma once
+/// \file schedules/link.hpp
+/// float_link: what every dense schedule sends and receives, over a Transport
+/// that moves byte vectors (inproc: received buffers are summed into and
+/// forwarded, no copy) or a ZeroCopyTransport (MPI: sends from and receives
+/// into the caller's floats), with byte and message counts; and the chunked
+/// exchanges the schedules are built of.
+/// Part of <gradcomp/schedules.hpp>.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/ring/stats.hpp>
+
+namespace gradcomp::detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+template <class T, bool ZeroCopy = ZeroCopyTransport<T>>
+struct link_handles {
+  using recv = decltype(std::declval<T&>().irecv(0, 0));
+  using send = decltype(std::declval<T&>().isend(0, 0, std::vector<std::byte>{}));
+};
+template <class T>
+struct link_handles<T, true> {
+  using recv = decltype(std::declval<T&>().irecv_into(0, 0, std::span<std::byte>{}));
+  using send = decltype(std::declval<T&>().isend_view(0, 0, std::span<const std::byte>{}));
+};
+
+/// Number of messages a range of `elements` floats goes as with chunks of
+/// `chunk` floats (0: one message): none for an empty range. Sender and
+/// receiver count from the same range size, so they agree.
+inline std::size_t link_chunks(std::size_t elements, std::size_t chunk) noexcept {
+  if (elements == 0) return 0;
+  if (chunk == 0 || elements <= chunk) return 1;
+  return (elements + chunk - 1) / chunk;
+}
+/// Chunk c of `x` cut into link_chunks(x.size(), chunk) pieces.
+template <class F>
+std::span<F> link_chunk(std::span<F> x, std::size_t chunk, std::size_t c) noexcept {
+  if (chunk == 0) return x;
+  const std::size_t b = std::min(x.size(), c * chunk);
+  return x.subspan(b, std::min(chunk, x.size() - b));
+}
+
+/// Sends and receives float ranges for one schedule call (see the file comment).
+/// A ZeroCopyTransport's sends read the caller's floats until finish():
+/// keep them unchanged until then.
+template <class T>
+class float_link {
+ public:
+  static constexpr bool zero_copy = ZeroCopyTransport<T>;
+  using recv_handle = typename link_handles<T>::recv;
+  using send_handle = typename link_handles<T>::send;
+
+  /// A posted receive of exactly `into.size()` floats from `peer`.
+  struct slot {
+    recv_handle h;
+    std::span<float> into;  ///< the destination (zero-copy: where MPI writes; else where wait_into copies)
+    int peer = 0;
+    message msg;  ///< moving transports: the received buffer
+  };
+
+  float_link(T& t, ring_stats& st, const char* who) : t_(t), st_(st), who_(who) {}
+
+  int rank() const { return static_cast<int>(t_.rank()); }
+  int size() const { return static_cast<int>(t_.size()); }
+
+  /// Posts a receive of `into.size()` floats from `peer` with `tag`.
+  slot post(int peer, int tag, std::span<float> into) {
+    if constexpr (zero_copy)
+      return slot{t_.irecv_into(peer, tag, std::as_writable_bytes(into)), into, peer, {}};
+    else
+      return slot{t_.irecv(peer, tag), into, peer, {}};
+  }
+  /// Sends `x` to `peer` (zero-copy: x must stay unchanged until finish()).
+  void send(int peer, int tag, std::span<const float> x) {
+    st_.bytes_sent += x.size_bytes();
+    ++st_.messages_sent;
+    if constexpr (zero_copy) {
+      sends_.push_back(t_.isend_view(peer, tag, std::as_bytes(x)));
+    } else {
+      const auto* p = reinterpret_cast<const std::byte*>(x.data());
+      sends_.push_back(t_.isend(peer, tag, std::vector<std::byte>(p, p + x.size_bytes())));
+    }
+  }
+  /// Waits for `s` and leaves the floats in s.into.
+  void wait_into(slot& s) {
+    receive(s);
+    if constexpr (!zero_copy)
+      if (!s.into.empty()) std::memcpy(s.into.data(), s.msg.bytes.data(), s.into.size_bytes());
+  }
+  /// Waits for `s`, copies it into s.into and forwards the same floats to `peer`.
+  void wait_into_forward(slot& s, int peer, int tag) {
+    wait_into(s);
+    if constexpr (zero_copy) {
+      send(peer, tag, std::span<const float>(s.into));
+    } else {
+      forward(s, peer, tag);
+    }
+  }
+  /// Waits for `s` and adds it into `acc` (acc = acc + received).
+  template <class Add>
+  void wait_add(slot& s, std::span<float> acc, Add& add) {
+    receive(s);
+    ring_timed(st_.combine_seconds, [&] { add(acc, received(s)); });
+  }
+  /// Waits for `s`, adds `own` to it and sends the sum to `peer`. Zero-copy:
+  /// the sum is left in `own` and sent from there; moving transports add
+  /// into the received buffer and forward it (`own` unchanged). The same
+  /// bits either way: the addition commutes.
+  template <class Add>
+  void wait_add_forward(slot& s, std::span<float> own, int peer, int tag, Add& add) {
+    receive(s);
+    if constexpr (zero_copy) {
+      ring_timed(st_.combine_seconds, [&] { add(own, std::span<const float>(s.into)); });
+      send(peer, tag, std::span<const float>(own));
+    } else {
+      ring_timed(st_.combine_seconds, [&] {
+        if (aligned(s.msg.bytes)) {
+          add(as_floats(s.msg.bytes), std::span<const float>(own));
+        } else {
+          fallback_.resize(own.size());
+          if (!own.empty()) std::memcpy(fallback_.data(), s.msg.bytes.data(), s.msg.bytes.size());
+          add(std::span<float>(fallback_), std::span<const float>(own));
+          if (!own.empty()) std::memcpy(s.msg.bytes.data(), fallback_.data(), s.msg.bytes.size());
+        }
+      });
+      forward(s, peer, tag);
+    }
+  }
+  /// Waits for every send so far (their buffers may then be written).
+  void finish() {
+    ring_timed(st_.wait_seconds, [&] {
+      for (auto& h : sends_) h.wait();
+    });
+    sends_.clear();
+  }
+
+ private:
+  static bool aligned(const std::vector<std::byte>& b) noexcept {
+    return reinterpret_cast<std::uintptr_t>(b.data()) % alignof(float) == 0;
+  }
+  static std::span<float> as_floats(std::vector<std::byte>& b) noexcept {
+    return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
+  }
+  void forward(slot& s, int peer, int tag) {
+    st_.bytes_sent += s.msg.bytes.size();
+    ++st_.messages_sent;
+    sends_.push_back(t_.isend(peer, tag, std::move(s.msg.bytes)));
+  }
+  void receive(slot& s) {
+    std::size_t got = 0;
+    ring_timed(st_.wait_seconds, [&] {
+      if constexpr (zero_copy) {
+        got = s.h.wait();
+      } else {
+        s.msg = s.h.wait();
+        got = s.msg.bytes.size();
+      }
+    });
+    st_.bytes_received += got;
+    if (got != s.into.size_bytes())
+      throw transport_error(std::string(who_) + ": rank " + std::to_string(rank()) + " expected " +
+                            std::to_string(s.into.size_bytes()) + " bytes from rank " + std::to_string(s.peer) +
+                            ", got " + std::to_string(got) + " (do all ranks pass the same length and options?)");
+  }
+  std::span<const float> received(slot& s) {
+    if constexpr (zero_copy) {
+      return s.into;
+    } else {
+      if (aligned(s.msg.bytes)) return as_floats(s.msg.bytes);
+      fallback_.resize(s.into.size());
+      if (!fallback_.empty()) std::memcpy(fallback_.data(), s.msg.bytes.data(), s.msg.bytes.size());
+      return fallback_;
+    }
+  }
+
+  T& t_;
+  ring_stats& st_;
+  const char* who_;
+  std::vector<send_handle> sends_;
+  std::vector<float> fallback_;
+};
+
+/// Exchanges with `peer`: sends `give` and receives as many floats as `keep`
+/// holds, adding them into `keep` (keep = keep + received), chunk by chunk,
+/// so the addition of one chunk overlaps the transfer of the next. `scratch`
+/// holds at least keep.size() floats (zero-copy receives land there).
+template <class T, class Add>
+void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> keep,
+                       std::span<float> scratch, std::size_t chunk, Add& add) {
+  const std::size_t nk = link_chunks(keep.size(), chunk), ng = link_chunks(give.size(), chunk);
+  std::vector<typename float_link<T>::slot> slots;
+  slots.reserve(nk);
+  const std::span<float> in = scratch.first(keep.size());
+  for (std::size_t c = 0; c < nk; ++c) slots.push_back(link.post(peer, tag, link_chunk(in, chunk, c)));
+  for (std::size_t c = 0; c < ng; ++c) link.send(peer, tag, link_chunk(give, chunk, c));
+  for (std::size_t c = 0; c < nk; ++c) link.wait_add(slots[c], link_chunk(keep, chunk, c), add);
+}
+
+/// Exchanges with `peer`: sends `give`, receives `take` (in place), chunk by chunk.
+template <class T>
+void link_exchange_copy(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> take,
+                        std::size_t chunk) {
+  const std::size_t nt = link_chunks(take.size(), chunk), ng = link_chunks(give.size(), chunk);
+  std::vector<typename float_link<T>::slot> slots;
+  slots.reserve(nt);
+  for (std::size_t c = 0; c < nt; ++c) slots.push_back(link.post(peer, tag, link_chunk(take, chunk, c)));
+  for (std::size_t c = 0; c < ng; ++c) link.send(peer, tag, link_chunk(give, chunk, c));
+  for (auto& s : slots) link.wait_into(s);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp::detail

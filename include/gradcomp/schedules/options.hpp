@@ -1,0 +1,107 @@
+#pragma once
+/// \file schedules/options.hpp
+/// The all-reduce schedules' names (schedule_kind), their options (tags from
+/// the registry's `schedules` range, chunk size, group size) and the
+/// addition a dense schedule makes (float_adder, or any callable).
+/// Part of <gradcomp/schedules.hpp>.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/tags.hpp>
+
+namespace gradcomp {
+
+/// The all-reduce schedules (docs/drivers.md, "All-reduce schedules").
+/// The values are stable: they are saved in plans and checkpoints.
+enum class schedule_kind : std::uint8_t {
+  ring = 0,            ///< ring_allreduce: reduce-scatter + all-gather, 2(N-1) steps (seed 002, Algorithm 1)
+  pipelined_ring = 1,  ///< the same ring, each hop cut into chunks: receive, add and send overlap
+  rabenseifner = 2,    ///< recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner)
+  hierarchical = 3,    ///< two-level ring: ring inside groups, ring across groups, ring inside groups
+  library = 4,         ///< the transport's own library all-reduce (MPI_Allreduce)
+};
+
+/// The number of schedule kinds.
+inline constexpr std::size_t schedule_kind_count = 5;
+
+/// A schedule's name ("ring", "pipelined_ring", "rabenseifner", "hierarchical", "library").
+inline const char* to_string(schedule_kind k) noexcept {
+  switch (k) {
+    case schedule_kind::ring: return "ring";
+    case schedule_kind::pipelined_ring: return "pipelined_ring";
+    case schedule_kind::rabenseifner: return "rabenseifner";
+    case schedule_kind::hierarchical: return "hierarchical";
+    case schedule_kind::library: return "library";
+  }
+  return "unknown";
+}
+
+/// The schedule named `name` (as to_string writes it); invalid_argument_error otherwise.
+inline schedule_kind parse_schedule_kind(std::string_view name) {
+  for (std::size_t i = 0; i < schedule_kind_count; ++i) {
+    const auto k = static_cast<schedule_kind>(i);
+    if (name == to_string(k)) return k;
+  }
+  throw invalid_argument_error("schedules: unknown schedule '" + std::string(name) +
+                               "' (ring, pipelined_ring, rabenseifner, hierarchical, library)");
+}
+
+/// First of the two tags a schedule uses by default: the first of the
+/// schedules' range in the tag registry (tags.hpp), 24576.
+inline constexpr int schedule_default_tag_base = tags::schedules.first;
+
+/// Options of the all-reduce schedules.
+struct schedule_options {
+  /// Which schedule allreduce() runs.
+  schedule_kind kind = schedule_kind::rabenseifner;
+  /// Divide the sum by N (the owner of each segment divides before it is distributed).
+  bool average = false;
+  /// Every schedule uses tags tag_base (reduce phases) and tag_base + 1
+  /// (distribution phases), checked with tags::check_tag_base(tag_owner, tag_base, 2, ...).
+  int tag_base = schedule_default_tag_base;
+  /// The registered range the tags belong to (the exchange names its own).
+  tags::tag_range tag_owner = tags::schedules;
+  /// Pipelined ring, Rabenseifner and hierarchical: the floats of one message
+  /// at most (a hop's segment goes as ceil(size / chunk) messages whose
+  /// receive, addition and send overlap). 0: one message per hop. Default
+  /// 32768 floats = 128 KiB (at least 64 KiB, where SMPI's bandwidth factors
+  /// do not reward small messages).
+  std::size_t chunk_elements = 32768;
+  /// Hierarchical: ranks per group (consecutive ranks, e.g. the ranks under
+  /// one switch or on one node). Must divide N; 0 or 1 or N: one level (the
+  /// pipelined ring).
+  int group_size = 0;
+  /// Library: compare a digest of the library's result across ranks and
+  /// broadcast rank 0's bits where they differ (see library_allreduce).
+  bool check_library_bits = true;
+};
+
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// Throws invalid_argument_error unless the options' two tags are allowed.
+inline void schedule_check_tags(const schedule_options& o, const char* who) {
+  tags::check_tag_base(o.tag_owner, o.tag_base, 2, who);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// The addition of a dense schedule over float32: add_into(Policy{}, acc, in)
+/// of the policy's kernels. A schedule takes any callable `add(acc, in)`
+/// that computes acc[i] = acc[i] (+) in[i] with a commutative (+): the
+/// exchange passes the element type's rounded addition (summable buffers).
+template <ExecutionPolicy Policy = execution::seq>
+struct float_adder {
+  void operator()(std::span<float> acc, std::span<const float> in) const { add_into(Policy{}, acc, in); }
+};
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp

@@ -1,0 +1,185 @@
+#pragma once
+/// \file schedules/rabenseifner.hpp
+/// Rabenseifner's all-reduce of float vectors: recursive-halving
+/// reduce-scatter, then recursive-doubling all-gather (R. Rabenseifner,
+/// "Optimization of collective reduction operations", ICCS 2004; Thakur,
+/// Rabenseifner and Gropp, IJHPCA 19(1) 2005), for any N: with p the largest
+/// power of two <= N and r = N - p, ranks 0 .. 2r-1 first fold in pairs (the
+/// even rank sends its whole vector to the odd one, which adds it and takes
+/// part; the even one waits), as MPICH does, and receive the result at the end.
+/// Also the bookkeeping the compressed form (rabenseifner_linear.hpp) shares.
+/// Part of <gradcomp/schedules.hpp>.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/ring/schedule.hpp>
+#include <gradcomp/ring/stats.hpp>
+#include <gradcomp/schedules/link.hpp>
+#include <gradcomp/schedules/options.hpp>
+#include <gradcomp/schedules/pipelined_ring.hpp>
+
+namespace gradcomp {
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// Who does what in Rabenseifner's all-reduce over N ranks.
+///
+/// p = the largest power of two <= N, r = N - p. Ranks below 2r fold: the
+/// even one (2i) hands its vector to the odd one (2i+1) and sits out
+/// (virtual_rank() == -1); the odd one is virtual rank i. Ranks from 2r on
+/// are virtual rank (rank - r). Virtual ranks 0 .. p-1 run the halving and
+/// doubling over p blocks; virtual rank v owns block v after the halving.
+/// At halving step k (distance d = p/2, p/4, ..., 1) virtual rank v pairs
+/// with v XOR d, keeps the lower half of its current block range when bit d
+/// of v is 0 (the upper half otherwise) and sends the other half; the
+/// doubling retraces the steps with d = 1, 2, ..., p/2.
+class rabenseifner_schedule {
+ public:
+  rabenseifner_schedule(int rank, int size) : rank_(rank), size_(size) {
+    if (size < 1) throw invalid_argument_error("rabenseifner_schedule: size must be >= 1");
+    if (rank < 0 || rank >= size) throw invalid_argument_error("rabenseifner_schedule: rank outside [0, size)");
+    while (pof2_ * 2 <= size) pof2_ *= 2;
+    rem_ = size - pof2_;
+  }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// p: the largest power of two <= N (the number of blocks).
+  int blocks() const noexcept { return pof2_; }
+  /// r = N - p: the number of folded pairs.
+  int folded_pairs() const noexcept { return rem_; }
+  /// True for the even rank of a folded pair (it sits out the halving and doubling).
+  bool folded_out() const noexcept { return rank_ < 2 * rem_ && rank_ % 2 == 0; }
+  /// True for the odd rank of a folded pair (it adds its partner's vector first).
+  bool folds_in() const noexcept { return rank_ < 2 * rem_ && rank_ % 2 == 1; }
+  /// The partner of a folded pair (rank +- 1), or -1.
+  int fold_partner() const noexcept { return folded_out() ? rank_ + 1 : folds_in() ? rank_ - 1 : -1; }
+  /// The virtual rank in [0, p), or -1 for folded_out().
+  int virtual_rank() const noexcept {
+    if (folded_out()) return -1;
+    return rank_ < 2 * rem_ ? rank_ / 2 : rank_ - rem_;
+  }
+  /// The real rank of virtual rank v.
+  int real_rank(int v) const noexcept { return v < rem_ ? 2 * v + 1 : v + rem_; }
+  /// Halving / doubling steps: log2(p).
+  int steps() const noexcept {
+    int s = 0;
+    for (int d = 1; d < pof2_; d *= 2) ++s;
+    return s;
+  }
+  /// The distance of halving step k (p/2, p/4, ..., 1).
+  int halving_distance(int k) const noexcept { return (pof2_ >> 1) >> k; }
+
+ private:
+  int rank_, size_, pof2_ = 1, rem_ = 0;
+};
+
+GRADCOMP_ABI_NAMESPACE_END
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// Block bounds of Rabenseifner's p blocks over `length` floats (ring_schedule's equal split).
+inline std::vector<std::size_t> rabenseifner_float_bounds(std::size_t length, int blocks) {
+  const ring_schedule split(0, blocks, length);
+  std::vector<std::size_t> b(static_cast<std::size_t>(blocks) + 1);
+  for (int j = 0; j < blocks; ++j) b[static_cast<std::size_t>(j)] = split.begin(j);
+  b.back() = length;
+  return b;
+}
+
+/// Rabenseifner's all-reduce with an explicit addition (see rabenseifner_allreduce).
+template <class T, class Add>
+ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options& o, Add& add) {
+  constexpr const char* who = "rabenseifner_allreduce";
+  const auto started = ring_clock::now();
+  ring_stats st;
+  schedule_check_tags(o, who);
+  const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
+  if (rs.size() == 1) return st;
+  const int tag = o.tag_base, tag2 = o.tag_base + 1;
+  const std::size_t chunk = o.chunk_elements;
+  float_link<T> link(t, st, who);
+  std::vector<float> scratch;
+
+  // Fold: the even rank of a pair hands its vector to the odd one.
+  if (rs.folded_out()) {
+    link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk);
+  } else if (rs.folds_in()) {
+    scratch.resize(data.size());
+    link_exchange_add(link, rs.fold_partner(), tag, std::span<const float>(), data, std::span<float>(scratch), chunk,
+                      add);
+  }
+  // The even rank's sends read `data`, which the result overwrites: done first.
+  link.finish();
+
+  const int v = rs.virtual_rank();
+  if (v >= 0) {
+    const int p = rs.blocks();
+    const std::vector<std::size_t> b = rabenseifner_float_bounds(data.size(), p);
+    auto range = [&](int lo, int hi) { return data.subspan(b[std::size_t(lo)], b[std::size_t(hi)] - b[std::size_t(lo)]); };
+    int lo = 0, hi = p;
+    // Recursive halving: keep half, send the other half, add what comes back.
+    for (int k = 0; k < rs.steps(); ++k) {
+      const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2;
+      const bool lower = (v & d) == 0;
+      const int klo = lower ? lo : mid, khi = lower ? mid : hi, glo = lower ? mid : lo, ghi = lower ? hi : mid;
+      const std::span<float> keep = range(klo, khi);
+      if (scratch.size() < keep.size()) scratch.resize(keep.size());
+      link_exchange_add(link, rs.real_rank(v ^ d), tag, std::span<const float>(range(glo, ghi)), keep,
+                        std::span<float>(scratch), chunk, add);
+      lo = klo;
+      hi = khi;
+    }
+    // Every block given away is overwritten by the doubling: its sends finish first.
+    link.finish();
+    if (o.average) schedule_average(range(v, v + 1), rs.size());
+    // Recursive doubling: exchange the ranges held, doubling them.
+    for (int d = 1; d < p; d *= 2) {
+      const int width = hi - lo;
+      const bool lower = (v & d) == 0;
+      const int plo = lower ? hi : lo - width, phi = plo + width;
+      link_exchange_copy(link, rs.real_rank(v ^ d), tag2, std::span<const float>(range(lo, hi)), range(plo, phi), chunk);
+      lo = lower ? lo : plo;
+      hi = lower ? phi : hi;
+    }
+  }
+  // Unfold: the odd rank of a pair returns the result.
+  if (rs.folds_in())
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(data), std::span<float>(), chunk);
+  else if (rs.folded_out())
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(), data, chunk);
+  link.finish();
+  st.seconds = ring_seconds_since(started);
+  return st;
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// Rabenseifner's all-reduce of `data` (sum, or mean with options.average),
+/// in place, for any N (see rabenseifner_schedule). Each element is summed on
+/// exactly one rank, its block's owner, and the finished bits are copied to
+/// every other rank: bit-identical on every rank. Per rank about 2 log2(p)
+/// latency steps and 2 (p-1)/p of the vector sent (plus the whole vector
+/// once for the folded pairs when N is not a power of two). Messages of at
+/// most options.chunk_elements floats; tags options.tag_base (fold and
+/// halving) and + 1 (doubling and unfold). A length below p leaves blocks
+/// empty (empty messages). Errors: a message of the wrong length is a
+/// transport_error naming both ranks; transport errors propagate.
+template <ExecutionPolicy Policy, Transport T>
+ring_stats rabenseifner_allreduce(Policy, T& t, std::span<float> data, const schedule_options& options = {}) {
+  float_adder<Policy> add;
+  return detail::rabenseifner_impl(t, data, options, add);
+}
+
+/// rabenseifner_allreduce with the generic (execution::seq) kernels.
+template <Transport T>
+ring_stats rabenseifner_allreduce(T& t, std::span<float> data, const schedule_options& options = {}) {
+  return rabenseifner_allreduce(execution::seq{}, t, data, options);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp

@@ -1,0 +1,288 @@
+// schedules.hpp over mpi_transport under mpirun (2, 3, 4 and 5 ranks from
+// ctest): every dense schedule (pipelined ring, Rabenseifner with the fold of
+// non-powers of two, hierarchical, the MPI library's own all-reduce) leaves
+// the same bits on every rank and the sum; GradiVeQ on Rabenseifner; the
+// library capability (float sum, words, max); a rank that stops
+// mid-Rabenseifner gives the others a timeout_error; and a rank waiting for
+// a late peer does not spin a core yet honours its deadline.
+#include <doctest/doctest.h>
+
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/model_exchange.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/schedules.hpp>
+#include <gradcomp/transport/mpi.hpp>
+
+#include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
+#include <support/ring_fixtures.hpp>
+
+#include <mpi.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+using namespace gradcomp;
+using namespace std::chrono_literals;
+using namespace gradcomp::test_support;
+
+static_assert(LibraryAllreduceTransport<transport::mpi_transport>);
+static_assert(LibraryMaxTransport<transport::mpi_transport> && LibraryWordsTransport<transport::mpi_transport>);
+
+namespace {
+
+using vec = std::vector<float>;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// True on every rank iff every rank holds the same bits in `x` (rank 0's
+// bits broadcast and compared).
+bool same_on_every_rank(std::span<const float> x) {
+  vec root(x.begin(), x.end());
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int mine = bit_equal(x, root) ? 1 : 0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+double max_rel(const vec& got, const vec& want) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i]))));
+  return worst;
+}
+
+transport::mpi_transport_options with_timeout(std::chrono::milliseconds t) {
+  transport::mpi_transport_options o;
+  o.timeout = t;
+  return o;
+}
+
+struct stopped {};
+
+// Forwards to an mpi_transport and throws `stopped` at its send number `sends_before_death`.
+struct stopping_transport {
+  transport::mpi_transport* t;
+  int sends_before_death;
+  int sent = 0;
+  int rank() const { return t->rank(); }
+  int size() const { return t->size(); }
+  void count() {
+    if (sent++ >= sends_before_death) throw stopped{};
+  }
+  transport::mpi_transport::send_handle isend(int dest, int tag, std::vector<std::byte>&& b) {
+    count();
+    return t->isend(dest, tag, std::move(b));
+  }
+  transport::mpi_transport::recv_handle irecv(int source, int tag) { return t->irecv(source, tag); }
+  transport::mpi_transport::send_handle isend_view(int dest, int tag, std::span<const std::byte> b) {
+    count();
+    return t->isend_view(dest, tag, b);
+  }
+  transport::mpi_transport::recv_into_handle irecv_into(int source, int tag, std::span<std::byte> b) {
+    return t->irecv_into(source, tag, b);
+  }
+};
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+}  // namespace
+
+TEST_CASE("mpi schedules: every schedule sums, the same bits on every rank, awkward lengths") {
+  const int n = world_size(), r = world_rank();
+  for (int with_deadline = 0; with_deadline < 2; ++with_deadline) {
+    auto opts = with_timeout(with_deadline ? 60000ms : 0ms);
+    opts.library_timeout = with_deadline != 0;  // the library's MPI_Iallreduce waited with the deadline
+    transport::mpi_transport t(MPI_COMM_WORLD, opts);
+    for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7), std::size_t(1001), std::size_t(70001)})
+      for (schedule_kind kind : {schedule_kind::ring, schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::library})
+        for (bool average : {false, true}) {
+          CAPTURE(len);
+          const std::string kind_name = to_string(kind);
+          CAPTURE(kind_name);
+          CAPTURE(average);
+          CAPTURE(with_deadline);
+          const auto x = inputs(n, len, 21 + len);
+          vec mine = x[std::size_t(r)];
+          schedule_options o{.kind = kind, .average = average, .chunk_elements = 4096};
+          if (kind == schedule_kind::hierarchical) o.group_size = n % 2 == 0 && n > 2 ? 2 : 0;
+          allreduce(t, std::span<float>(mine), o);
+          vec want = exact_sum(x);
+          if (average)
+            for (float& v : want) v /= float(n);
+          CHECK(same_on_every_rank(mine));
+          CHECK(max_rel(mine, want) < 1e-5);
+        }
+  }
+}
+
+TEST_CASE("mpi schedules: the pipelined ring is the ring bit for bit") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const auto x = inputs(n, 50001, 4);
+  vec a = x[std::size_t(r)], b = a;
+  ring_allreduce(t, std::span<float>(a));
+  pipelined_ring_allreduce(t, std::span<float>(b), {.chunk_elements = 1000});
+  CHECK(bit_equal(a, b));
+}
+
+TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, close to the ring's") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const low_rank_layer layer(16, 3, 16 * (3 * std::size_t(n) + 1) + 5, 40 + std::uint64_t(n));
+  const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+  const std::vector<vec> x = rank_samples(layer, n, 5000);
+  const vec reference = compressed_domain_sum(codec, x);
+  vec rab = x[std::size_t(r)], ring = rab;
+  auto mine = codec;
+  allreduce_linear(t, mine, std::span<float>(rab), {.kind = schedule_kind::rabenseifner});
+  ring_allreduce_linear(t, mine, std::span<float>(ring));
+  CHECK(same_on_every_rank(rab));
+  CHECK(rel_error(rab, reference) < 1e-5);
+  CHECK(rel_error(rab, ring) < 1e-5);
+}
+
+TEST_CASE("mpi schedules: the library capability sums words modulo 2^32 and takes the max") {
+  const int n = world_size(), r = world_rank();
+  for (int deadline = 0; deadline < 2; ++deadline) {
+  auto opts = with_timeout(30000ms);
+  opts.library_timeout = deadline != 0;
+  transport::mpi_transport t(MPI_COMM_WORLD, opts);
+  std::vector<std::uint32_t> w = {0xFFFFFFFFu, std::uint32_t(r), 7u};
+  t.library_allreduce_sum(std::span<std::uint32_t>(w));
+  CHECK(w[0] == std::uint32_t(0xFFFFFFFFull * std::uint64_t(n)));
+  CHECK(w[1] == std::uint32_t(n * (n - 1) / 2));
+  CHECK(w[2] == 7u * std::uint32_t(n));
+  vec m = {float(r), -float(r), 0.5f};
+  t.library_allreduce_max(std::span<float>(m));
+  CHECK(m[0] == float(n - 1));
+  CHECK(m[1] == 0.0f);
+  CHECK(m[2] == 0.5f);
+  }
+}
+
+TEST_CASE("mpi schedules: a rank that stops mid-Rabenseifner makes the others fail with timeout_error" *
+          doctest::skip(gradcomp::transport::mpi_simulated)) {
+  const int n = world_size(), r = world_rank(), dead = n - 1;
+  for (int sends : {0, 1}) {
+    CAPTURE(sends);
+    transport::mpi_transport t(MPI_COMM_WORLD, with_timeout(600ms));
+    stopping_transport st{&t, r == dead ? sends : 1 << 30};
+    vec x(40, float(r + 1));
+    const auto t0 = std::chrono::steady_clock::now();
+    bool died = false, timed_out = false, other = false;
+    try {
+      rabenseifner_allreduce(st, std::span<float>(x), {.chunk_elements = 8});
+    } catch (const stopped&) {
+      died = true;
+    } catch (const timeout_error&) {
+      timed_out = true;
+    } catch (const std::exception&) {
+      other = true;
+    }
+    if (r == dead) {
+      CHECK(died);
+    } else if (n > 2 || sends == 0) {
+      // With two ranks a partner that dies after its one halving send leaves
+      // the survivor waiting in the doubling: a timeout too.
+      CHECK(timed_out);
+      CHECK_FALSE(other);
+      CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("mpi schedules: waiting 300 ms for a late peer uses little CPU, and the deadline holds" *
+          doctest::skip(gradcomp::transport::mpi_simulated)) {
+  const int r = world_rank();
+  {
+    transport::mpi_transport t(MPI_COMM_WORLD, with_timeout(20000ms));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r == 1) {
+      std::this_thread::sleep_for(300ms);
+      t.isend(0, 5, std::vector<std::byte>(16)).wait();
+    } else if (r == 0) {
+      const double cpu0 = thread_cpu_seconds();
+      const auto w0 = std::chrono::steady_clock::now();
+      auto h = t.irecv(1, 5);
+      const message m = h.wait();
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      const double cpu = thread_cpu_seconds() - cpu0;
+      CHECK(m.bytes.size() == 16);
+      CHECK(wall > 0.2);
+      MESSAGE("waited " << wall * 1e3 << " ms using " << cpu * 1e3 << " ms of CPU");
+      CHECK(cpu < 0.25 * wall);  // a spinning wait would use all of it
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  {
+    transport::mpi_transport t(MPI_COMM_WORLD, with_timeout(150ms));
+    if (r == 0) {
+      vec buf(4);
+      auto h = t.irecv_into(1, 6, std::as_writable_bytes(std::span<float>(buf)));
+      const auto w0 = std::chrono::steady_clock::now();
+      CHECK_THROWS_AS(h.wait(), timeout_error);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      CHECK(waited >= 0.14);
+      CHECK(waited < 0.5);  // the deadline plus at most one sleep, with room for a loaded machine
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("mpi schedules: the exchange on Rabenseifner, the library and the cost model's choice, the same bits everywhere") {
+  namespace gx = gradcomp::exchange;
+  const int r = world_rank();
+  auto run = [&](auto collectives) {
+    transport::mpi_transport t(MPI_COMM_WORLD);
+    const gx::plan p = gradcomp::test_support::every_codec_plan(3);
+    gx::model_exchange ex(t, p, {}, std::move(collectives));
+    std::vector<vec> g;
+    for (std::uint64_t step = 0; step < 9; ++step) {  // through GradiVeQ's sampling and compressed phases
+      g.clear();
+      for (std::size_t l = 0; l < p.model().layers().size(); ++l)
+        g.push_back(counter_gaussian(p.model().layers()[l].shape.size(), 1000 * step + 10 * std::uint64_t(r) + l, 0.1f));
+      std::vector<std::span<float>> sp(g.begin(), g.end());
+      const auto& st = ex.step(sp);
+      CHECK_FALSE(st.skipped);
+    }
+    return std::make_pair(g, ex.save_state().size());
+  };
+  const auto ring = run(gx::ring_collectives<>{}).first;
+  const auto rab = run(gx::rabenseifner_collectives<>{}).first;
+  const auto lib = run(gx::library_collectives<>{}).first;
+  gx::auto_collectives_options o;
+  o.model.group_size = world_size() % 2 == 0 && world_size() > 2 ? 2 : 0;
+  const auto chosen = run(gx::auto_collectives<>(o));
+  CHECK(chosen.second > 0);
+  for (std::size_t l = 0; l < ring.size(); ++l) {
+    CAPTURE(l);
+    CHECK(same_on_every_rank(rab[l]));
+    CHECK(same_on_every_rank(lib[l]));
+    CHECK(same_on_every_rank(chosen.first[l]));
+    CHECK(rel_error(rab[l], ring[l]) < 1e-3);
+    CHECK(rel_error(lib[l], ring[l]) < 1e-3);
+    CHECK(rel_error(chosen.first[l], ring[l]) < 1e-3);
+  }
+}

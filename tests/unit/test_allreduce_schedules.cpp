@@ -1,0 +1,299 @@
+// schedules.hpp: the all-reduce schedules beyond the ring over the in-process
+// transport: pipelined ring (bit for bit the ring), Rabenseifner (any N, the
+// fold of non-powers of two), hierarchical two-level ring, and Rabenseifner in
+// GradiVeQ's compressed domain. 1..8 ranks, odd counts, lengths below N,
+// identical bits on every rank, the sum within float tolerance.
+#include <doctest/doctest.h>
+
+#include <gradcomp/dense.hpp>
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/schedules.hpp>
+#include <gradcomp/transport/inproc.hpp>
+
+#include <support/equality.hpp>
+#include <support/ring_fixtures.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <span>
+#include <vector>
+
+using namespace std::chrono_literals;
+using gradcomp::ring_stats;
+using gradcomp::schedule_kind;
+using gradcomp::schedule_options;
+using gradcomp::transport::inproc_endpoint;
+using gradcomp::transport::run_workers;
+using namespace gradcomp::test_support;
+
+namespace {
+
+using vec = std::vector<float>;
+
+const std::size_t lengths[] = {0, 1, 2, 3, 5, 7, 8, 13, 64, 257, 1000, 4099};
+
+// Runs `kind` on n ranks over copies of x; returns each rank's result.
+std::vector<vec> run_schedule(int n, const std::vector<vec>& x, schedule_options o) {
+  std::vector<vec> out = x;
+  run_workers(n, [&](inproc_endpoint& ep) { gradcomp::allreduce(ep, out[std::size_t(ep.rank())], o); },
+              {.recv_timeout = 60s});
+  return out;
+}
+
+// Max |got - want| / max(1, |want|) over the elements.
+double max_rel(const vec& got, const vec& want) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i]))));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("schedules: rabenseifner_schedule folds non-powers of two like MPICH") {
+  const gradcomp::rabenseifner_schedule s(4, 7);  // p = 4, r = 3: pairs (0,1) (2,3) (4,5), rank 6 alone
+  CHECK(s.blocks() == 4);
+  CHECK(s.folded_pairs() == 3);
+  CHECK(s.folded_out());
+  CHECK(s.fold_partner() == 5);
+  CHECK(s.virtual_rank() == -1);
+  const gradcomp::rabenseifner_schedule t(5, 7);
+  CHECK(t.folds_in());
+  CHECK(t.virtual_rank() == 2);
+  CHECK(t.real_rank(2) == 5);
+  CHECK(gradcomp::rabenseifner_schedule(6, 7).virtual_rank() == 3);
+  CHECK(gradcomp::rabenseifner_schedule(6, 7).real_rank(3) == 6);
+  CHECK(t.steps() == 2);
+  CHECK(t.halving_distance(0) == 2);
+  CHECK(t.halving_distance(1) == 1);
+  CHECK(gradcomp::rabenseifner_schedule(0, 1).steps() == 0);
+}
+
+TEST_CASE("schedules: every dense schedule sums, bit-identical on every rank, N = 1..8, all lengths") {
+  for (int n = 1; n <= 8; ++n)
+    for (std::size_t len : lengths)
+      for (schedule_kind kind : {schedule_kind::pipelined_ring, schedule_kind::rabenseifner, schedule_kind::hierarchical})
+        for (std::size_t chunk : {std::size_t(0), std::size_t(3), std::size_t(32768)}) {
+          CAPTURE(n);
+          CAPTURE(len);
+          CAPTURE(gradcomp::to_string(kind));
+          CAPTURE(chunk);
+          const auto x = inputs(n, len, 7 + len);
+          schedule_options o{.kind = kind, .chunk_elements = chunk};
+          if (kind == schedule_kind::hierarchical) o.group_size = n % 2 == 0 && n > 2 ? 2 : (n % 3 == 0 && n > 3 ? 3 : 0);
+          const auto out = run_schedule(n, x, o);
+          const vec truth = exact_sum(x);
+          for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+          CHECK(max_rel(out[0], truth) < 1e-5);
+        }
+}
+
+TEST_CASE("schedules: the pipelined ring is the ring bit for bit (sum and mean)") {
+  for (int n : {2, 3, 5, 8})
+    for (std::size_t len : {std::size_t(7), std::size_t(1000), std::size_t(4099)})
+      for (bool average : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(len);
+        const auto x = inputs(n, len, 3);
+        std::vector<vec> ring = x;
+        run_workers(n, [&](inproc_endpoint& ep) {
+          gradcomp::ring_allreduce(ep, ring[std::size_t(ep.rank())], {.average = average});
+        });
+        const auto piped = run_schedule(n, x, {.kind = schedule_kind::pipelined_ring, .average = average, .chunk_elements = 17});
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(piped[std::size_t(r)], ring[0]));
+      }
+}
+
+TEST_CASE("schedules: mean, hierarchical groups of 2, 3 and 4, and a group size that does not divide N") {
+  for (int n : {4, 6, 8}) {
+    const auto x = inputs(n, 1001, 11);
+    vec mean = exact_sum(x);
+    for (float& v : mean) v /= float(n);
+    for (int g : {2, 3, 4}) {
+      if (n % g != 0) continue;
+      CAPTURE(n);
+      CAPTURE(g);
+      const auto out = run_schedule(n, x, {.kind = schedule_kind::hierarchical, .average = true, .chunk_elements = 64, .group_size = g});
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+      CHECK(max_rel(out[0], mean) < 1e-5);
+    }
+  }
+  const auto x = inputs(5, 10, 1);
+  CHECK_THROWS_AS(run_schedule(5, x, {.kind = schedule_kind::hierarchical, .group_size = 2}),
+                  gradcomp::invalid_argument_error);
+}
+
+TEST_CASE("schedules: Rabenseifner averages on the owner, and its traffic is 2(p-1)/p of the vector") {
+  const int n = 8;
+  const std::size_t len = 8000;
+  const auto x = inputs(n, len, 5);
+  std::vector<vec> out = x;
+  std::vector<ring_stats> st(n);
+  run_workers(n, [&](inproc_endpoint& ep) {
+    st[std::size_t(ep.rank())] = gradcomp::rabenseifner_allreduce(ep, out[std::size_t(ep.rank())],
+                                                                   {.average = true, .chunk_elements = 0});
+  });
+  vec mean = exact_sum(x);
+  for (float& v : mean) v /= float(n);
+  for (int r = 0; r < n; ++r) {
+    CHECK(bit_equal(out[std::size_t(r)], out[0]));
+    CHECK(st[std::size_t(r)].bytes_sent == 2 * (len - len / n) * sizeof(float));
+    CHECK(st[std::size_t(r)].messages_sent == 6);  // 2 log2(8), one message per step without chunks
+  }
+  CHECK(max_rel(out[0], mean) < 1e-5);
+}
+
+TEST_CASE("schedules: tags are checked against the registry, the library schedule needs a library transport") {
+  const auto x = inputs(2, 10, 1);
+  CHECK_THROWS_AS(run_schedule(2, x, {.kind = schedule_kind::rabenseifner, .tag_base = 32000}),
+                  gradcomp::invalid_argument_error);
+  CHECK_THROWS_AS(run_schedule(2, x, {.kind = schedule_kind::library}), gradcomp::invalid_argument_error);
+  CHECK(gradcomp::parse_schedule_kind("hierarchical") == schedule_kind::hierarchical);
+  CHECK_THROWS_AS(gradcomp::parse_schedule_kind("tree"), gradcomp::invalid_argument_error);
+}
+
+TEST_CASE("schedules: a rank whose length differs is a transport_error, not a hang") {
+  std::vector<vec> x = {vec(100, 1.0f), vec(100, 1.0f), vec(90, 1.0f), vec(100, 1.0f)};
+  CHECK_THROWS(run_workers(4, [&](inproc_endpoint& ep) {
+    gradcomp::rabenseifner_allreduce(ep, x[std::size_t(ep.rank())], {.chunk_elements = 0});
+  }, {.recv_timeout = 5s}));
+}
+
+TEST_CASE("schedules: GradiVeQ on Rabenseifner: bit-identical, equals GradiVeQ on the ring within tolerance, N = 1..8") {
+  for (int n = 1; n <= 8; ++n)
+    for (std::size_t tail : {std::size_t(0), std::size_t(5)}) {
+      const std::size_t K = 16, slices = std::size_t(3 * n + 1);
+      const low_rank_layer layer(K, 3, slices * K + tail, 40 + std::uint64_t(n));
+      CAPTURE(n);
+      CAPTURE(tail);
+      const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+      const std::vector<vec> x = rank_samples(layer, n, 5000);
+      const vec reference = compressed_domain_sum(codec, x);
+      std::vector<vec> rab = x, ring = x;
+      run_workers(n, [&](inproc_endpoint& ep) {
+        auto mine = codec;
+        const auto st = gradcomp::allreduce_linear(ep, mine, rab[std::size_t(ep.rank())], {.kind = schedule_kind::rabenseifner});
+        CHECK(st.encodes >= 1);
+        gradcomp::ring_allreduce_linear(ep, mine, ring[std::size_t(ep.rank())]);
+      });
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(rab[std::size_t(r)], rab[0]));
+      CHECK(rel_error(rab[0], reference) < 1e-5);
+      CHECK(rel_error(rab[0], ring[0]) < 1e-5);
+    }
+}
+
+TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner; mean") {
+  for (int n : {3, 4, 6}) {
+    const auto x = inputs(n, 333, 9);
+    std::vector<vec> lin = x;
+    run_workers(n, [&](inproc_endpoint& ep) {
+      gradcomp::dense_codec<> c;
+      gradcomp::rabenseifner_allreduce_linear(ep, c, lin[std::size_t(ep.rank())], {.average = true});
+    });
+    const auto dense = run_schedule(n, x, {.kind = schedule_kind::rabenseifner, .average = true});
+    for (int r = 0; r < n; ++r) CHECK(bit_equal(lin[std::size_t(r)], dense[0]));
+  }
+}
+
+TEST_CASE("schedules: a GradiVeQ codec configured for another N is rejected") {
+  const low_rank_layer layer(16, 3, 16 * 8, 3);
+  const auto codec = fitted_codec(layer, 3);
+  std::vector<vec> x = rank_samples(layer, 4, 1);
+  CHECK_THROWS_AS(run_workers(4, [&](inproc_endpoint& ep) {
+    auto mine = codec;
+    gradcomp::rabenseifner_allreduce_linear(ep, mine, x[std::size_t(ep.rank())]);
+  }), gradcomp::invalid_argument_error);
+}
+
+namespace {
+
+// A library whose all-reduce leaves different bits on different ranks (as an
+// algorithm summing in a rank-dependent order may): the ring's sum, with the
+// last bit of element 0 flipped on rank 1. Its max runs the pipelined ring
+// with a max in place of the addition.
+struct sloppy_library {
+  inproc_endpoint* ep;
+  int rank() const { return ep->rank(); }
+  int size() const { return ep->size(); }
+  auto isend(int d, int tag, std::vector<std::byte>&& b) { return ep->isend(d, tag, std::move(b)); }
+  auto irecv(int s, int tag) { return ep->irecv(s, tag); }
+  void library_allreduce_sum(std::span<float> x) {
+    gradcomp::ring_allreduce(*ep, x, {.tag_base = 100});
+    if (ep->rank() == 1 && !x.empty()) {
+      std::uint32_t w;
+      std::memcpy(&w, &x[0], 4);
+      w ^= 1u;
+      std::memcpy(&x[0], &w, 4);
+    }
+  }
+  void library_allreduce_max(std::span<float> x) {
+    auto max = [](std::span<float> acc, std::span<const float> in) {
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = std::max(acc[i], in[i]);
+    };
+    gradcomp::detail::pipelined_ring_impl(*ep, x, schedule_options{.tag_base = 200, .tag_owner = gradcomp::tags::user}, max);
+  }
+};
+static_assert(gradcomp::LibraryMaxTransport<sloppy_library>);
+
+}  // namespace
+
+TEST_CASE("schedules: the library schedule guarantees the same bits even when the library does not") {
+  const int n = 3;
+  const auto x = inputs(n, 50, 2);
+  for (bool check : {true, false}) {
+    std::vector<vec> out = x;
+    std::vector<ring_stats> st(n);
+    run_workers(n, [&](inproc_endpoint& ep) {
+      sloppy_library lib{&ep};
+      st[std::size_t(ep.rank())] = gradcomp::allreduce(
+          lib, std::span<float>(out[std::size_t(ep.rank())]),
+          {.kind = schedule_kind::library, .tag_base = 300, .tag_owner = gradcomp::tags::user, .check_library_bits = check});
+    });
+    CHECK(max_rel(out[0], exact_sum(x)) < 1e-5);
+    if (check) {
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+      CHECK(st[0].bytes_sent == 50 * sizeof(float));  // rank 0's bits were broadcast
+    } else {
+      CHECK_FALSE(bit_equal(out[1], out[0]));  // what the check prevents
+    }
+  }
+}
+
+TEST_CASE("schedules: the binomial broadcast reaches every rank with rank 0's bytes, N = 1..8") {
+  for (int n = 1; n <= 8; ++n) {
+    std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+    run_workers(n, [&](inproc_endpoint& ep) {
+      std::vector<std::byte> b(5, std::byte(ep.rank() + 1));
+      gradcomp::broadcast_bytes(ep, b);
+      got[std::size_t(ep.rank())] = b;
+    });
+    for (const auto& b : got) CHECK(b == std::vector<std::byte>(5, std::byte(1)));
+  }
+}
+
+TEST_CASE("schedules: a codec's measured costs: dense_codec sends its floats (ratio about 1), GradiVeQ far fewer") {
+  gradcomp::dense_codec<> dense;
+  const vec x = inputs(1, 4096, 3)[0];
+  const auto d = gradcomp::measure_codec(dense, std::span<const float>(x));
+  CHECK(d.elements == 4096);
+  CHECK(d.wire_ratio >= 1.0);
+  CHECK(d.wire_ratio < 1.05);  // the wire header only
+  CHECK(d.encode_s >= 0.0);
+  CHECK(d.compressed);
+  const low_rank_layer layer(16, 3, 16 * 256, 4);
+  auto codec = fitted_codec(layer, 2);
+  const vec sample = layer.sample(1);
+  const auto g = gradcomp::measure_codec(codec, std::span<const float>(sample));
+  CHECK(g.wire_ratio < 0.5);
+  CHECK(g.encode_s > 0.0);
+  // The model prices the codec's work on top of the (smaller) transfers.
+  const gradcomp::cost_model m;
+  gradcomp::cost_problem p = g;
+  p.ranks = 4;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) > (g.encode_s + g.decode_s) * double(g.elements));
+}

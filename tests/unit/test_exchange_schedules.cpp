@@ -1,0 +1,302 @@
+// The cost model of schedules/cost_model.hpp (its formulas, its choices), the
+// agreed choice (rank 0 decides, whatever the other ranks' models say), and
+// the exchange's rounds on other schedules (exchange/schedule_collectives.hpp,
+// exchange/auto_collectives.hpp): the same bits on every rank, the choices
+// recorded, saved in the checkpoint and restored.
+#include <doctest/doctest.h>
+
+#include <gradcomp/model_exchange.hpp>
+#include <gradcomp/schedules.hpp>
+#include <gradcomp/transport/inproc.hpp>
+
+#include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+namespace gx = gradcomp::exchange;
+using gradcomp::cost_model;
+using gradcomp::cost_problem;
+using gradcomp::schedule_kind;
+using gradcomp::test_support::bit_equal;
+using gradcomp::transport::inproc_endpoint;
+using gradcomp::transport::run_workers;
+
+static_assert(gx::RoundCollectives<gx::rabenseifner_collectives<>, inproc_endpoint>);
+static_assert(gx::RoundCollectives<gx::hierarchical_collectives<>, inproc_endpoint>);
+static_assert(gx::RoundCollectives<gx::library_collectives<>, inproc_endpoint>);
+static_assert(gx::RoundCollectives<gx::auto_collectives<>, inproc_endpoint>);
+
+namespace {
+
+cost_model plain_model(double alpha, double beta, double gamma) {
+  cost_model m;
+  m.inter = {alpha, beta};
+  m.intra = m.inter;
+  m.add_s = gamma;
+  m.message_overhead_s = 0;
+  m.chunk_elements = 0;  // no pipelining: the textbook formulas
+  return m;
+}
+
+gx::model_description small_model() {
+  gx::model_description m;
+  m.add_conv("conv1", 8, 4, 3, 3).add_dense("conv1.bias", 8, 1).add_conv("conv2", 8, 8, 3, 3);
+  m.add_dense("fc", 600).add_dense("fc.bias", 10, 1);
+  return m;
+}
+
+std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step) {
+  std::vector<std::vector<float>> g;
+  std::uint64_t x = 0x9E3779B97F4A7C15ull * (std::uint64_t(rank) + 1) ^ (step * 0xBF58476D1CE4E5B9ull);
+  auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return float((x >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
+  };
+  for (const auto& l : m.layers()) {
+    std::vector<float> v(l.shape.size());
+    for (float& e : v) e = next();
+    g.push_back(std::move(v));
+  }
+  return g;
+}
+
+gx::plan_options plan_opts() {
+  gx::plan_options o = gradcomp::test_support::short_exchange_options(7);
+  o.rules.fallback = gx::codec_kind::dense;
+  return o;
+}
+
+// Runs `steps` exchange steps on n ranks with collectives made by make(); returns each rank's last gradients.
+template <class Make>
+std::vector<std::vector<std::vector<float>>> run_exchange(int n, int steps, Make make) {
+  const auto m = small_model();
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(n));
+  run_workers(n, [&](inproc_endpoint& ep) {
+    gx::model_exchange ex(ep, gx::plan(m, plan_opts()), {}, make());
+    for (int s = 0; s < steps; ++s) {
+      auto g = gradients(m, ep.rank(), std::uint64_t(s));
+      std::vector<std::span<float>> sp(g.begin(), g.end());
+      const auto& st = ex.step(sp);
+      CHECK_FALSE(st.skipped);
+      if (s + 1 == steps) out[std::size_t(ep.rank())] = g;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cost model: the ring and Rabenseifner formulas, term by term") {
+  const double a = 1e-5, b = 1e-9, g = 2e-9;
+  const cost_model m = plain_model(a, b, g);
+  cost_problem p{.elements = 1000, .ranks = 4};
+  // Ring: 3 reduce-scatter hops of 250 floats (added), 3 all-gather hops.
+  const double ring = 3 * (a + 1000 * b + 250 * g) + 3 * (a + 1000 * b);
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::ring, p) == doctest::Approx(ring).epsilon(1e-12));
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, p) == doctest::Approx(ring).epsilon(1e-12));
+  // Rabenseifner, p = 4: halving 500 then 250 floats, doubling 250 then 500.
+  const double rab = (a + 2000 * b + 500 * g) + (a + 1000 * b + 250 * g) + (a + 1000 * b) + (a + 2000 * b);
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(rab).epsilon(1e-12));
+  // N = 5: the fold (whole vector, added) and the unfold come on top.
+  p.ranks = 5;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) ==
+        doctest::Approx(rab + (a + 4000 * b + 1000 * g) + (a + 4000 * b)).epsilon(1e-12));
+  // A codec: its wire ratio shrinks the bytes, its encode and decode are added once.
+  cost_problem c{.elements = 1000, .ranks = 4, .wire_ratio = 0.25, .encode_s = 1e-8, .decode_s = 3e-8, .compressed = true};
+  const double ring_c = 3 * (a + 250 * b + 62.5 * g) + 3 * (a + 250 * b) + 1000 * 4e-8;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::ring, c) == doctest::Approx(ring_c).epsilon(1e-12));
+  CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, c)));
+  CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::hierarchical, c)));
+  CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::library, p)));  // never priced: forced only
+}
+
+TEST_CASE("cost model: pipelining hides the additions, groups price the slow link") {
+  cost_model m = plain_model(1e-6, 1e-9, 1e-9);
+  m.chunk_elements = 1000;
+  m.message_overhead_s = 1e-7;
+  const cost_problem p{.elements = 4000000, .ranks = 4};
+  // Each hop: 1M floats = 4 MB (4 ms on the wire), 1 ms of additions, 1000 chunks.
+  const double hop_rs = 1e-6 + 4e-3 + 1e-3 / 1000 + 999 * 1e-7, hop_ag = 1e-6 + 4e-3 + 999 * 1e-7;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, p) == doctest::Approx(3 * hop_rs + 3 * hop_ag));
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, p) < gradcomp::predict_seconds(m, schedule_kind::ring, p));
+  // 8 ranks in groups of 4 under switches whose uplinks are 10x slower: hierarchical wins.
+  cost_model h = plain_model(1e-5, 1e-9, 1e-10);
+  h.intra = {1e-6, 1e-10};
+  h.group_size = 4;
+  const cost_problem q{.elements = 1 << 22, .ranks = 8};
+  CHECK(gradcomp::predict(h, q).best == schedule_kind::hierarchical);
+  h.group_size = 3;  // does not divide 8: not priced
+  CHECK(std::isinf(gradcomp::predict_seconds(h, schedule_kind::hierarchical, q)));
+}
+
+TEST_CASE("cost model: Rabenseifner for small messages or many ranks, the ring for big messages at odd N") {
+  const cost_model m = plain_model(50e-6, 8e-9, 0.5e-9);  // 1 Gbit/s, 50 us
+  CHECK(gradcomp::predict(m, {.elements = 1000, .ranks = 16}).best == schedule_kind::rabenseifner);
+  CHECK(gradcomp::predict(m, {.elements = 1000, .ranks = 5}).best == schedule_kind::rabenseifner);
+  // 5 ranks, 64 MB: the fold sends the whole vector twice more than the ring.
+  CHECK(gradcomp::predict(m, {.elements = 1 << 24, .ranks = 5}).best == schedule_kind::ring);
+  CHECK(gradcomp::predict(m, {.elements = 100, .ranks = 1}).best == schedule_kind::ring);
+}
+
+TEST_CASE("agreement: rank 0 decides, every rank runs its choice whatever its own model says") {
+  const int n = 4;
+  std::vector<gradcomp::schedule_decision> got(n);
+  run_workers(n, [&](inproc_endpoint& ep) {
+    // Rank 0's model says latency is everything (Rabenseifner); the others' models
+    // price a fast group link that would make them pick the hierarchical ring.
+    cost_model m = ep.rank() == 0 ? plain_model(1e-3, 1e-12, 0) : plain_model(0, 1e-6, 1e-6);
+    m.group_size = ep.rank() == 0 ? 0 : 2;
+    if (ep.rank() != 0) m.intra = {0, 1e-12};  // the others would pick the hierarchical ring
+    got[std::size_t(ep.rank())] = gradcomp::agree_schedule(ep, m, {.elements = 1 << 20, .ranks = n});
+  });
+  CHECK(got[0].kind == schedule_kind::rabenseifner);
+  for (int r = 1; r < n; ++r) {
+    CHECK(got[std::size_t(r)].kind == got[0].kind);
+    CHECK(got[std::size_t(r)].predicted == got[0].predicted);
+    CHECK_FALSE(got[std::size_t(r)].forced);
+  }
+  // A forced choice (rank 0's) wins over the model.
+  run_workers(n, [&](inproc_endpoint& ep) {
+    got[std::size_t(ep.rank())] = gradcomp::agree_schedule(ep, cost_model{}, {.elements = 10, .ranks = n},
+                                                           schedule_kind::pipelined_ring);
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(got[std::size_t(r)].kind == schedule_kind::pipelined_ring);
+    CHECK(got[std::size_t(r)].forced);
+  }
+}
+
+TEST_CASE("agreement: calibration gives every rank rank 0's measured model") {
+  for (int n : {1, 2, 5}) {
+    std::vector<cost_model> got(static_cast<std::size_t>(n));
+    run_workers(n, [&](inproc_endpoint& ep) { got[std::size_t(ep.rank())] = gradcomp::calibrate(ep); });
+    CHECK(got[0].add_s > 0);
+    CHECK(got[0].inter.latency_s > 0);
+    for (int r = 1; r < n; ++r) {
+      CHECK(got[std::size_t(r)].inter.latency_s == got[0].inter.latency_s);
+      CHECK(got[std::size_t(r)].inter.seconds_per_byte == got[0].inter.seconds_per_byte);
+      CHECK(got[std::size_t(r)].add_s == got[0].add_s);
+    }
+  }
+}
+
+TEST_CASE("exchange on other schedules: the same bits on every rank, close to the ring's result") {
+  for (int n : {2, 3, 4, 5}) {
+    CAPTURE(n);
+    const auto ring = run_exchange(n, 8, [] { return gx::ring_collectives<>{}; });
+    const auto rab = run_exchange(n, 8, [] { return gx::rabenseifner_collectives<>(64); });
+    const auto hier = run_exchange(n, 8, [n] { return gx::hierarchical_collectives<>(n % 2 == 0 ? 2 : 0, 64); });
+    const auto lib = run_exchange(n, 8, [] { return gx::library_collectives<>{}; });  // no library over inproc: Rabenseifner
+    for (int r = 0; r < n; ++r)
+      for (std::size_t l = 0; l < ring[0].size(); ++l) {
+        CHECK(bit_equal(rab[std::size_t(r)][l], rab[0][l]));
+        CHECK(bit_equal(hier[std::size_t(r)][l], hier[0][l]));
+        CHECK(bit_equal(lib[std::size_t(r)][l], rab[0][l]));
+        for (std::size_t i = 0; i < ring[0][l].size(); ++i) {
+          CHECK(rab[0][l][i] == doctest::Approx(ring[0][l][i]).epsilon(1e-3));
+          CHECK(hier[0][l][i] == doctest::Approx(ring[0][l][i]).epsilon(1e-3));
+        }
+      }
+  }
+}
+
+TEST_CASE("exchange with auto_collectives: agreed choices recorded, saved in the checkpoint, resumed bit for bit") {
+  const int n = 4;
+  const auto m = small_model();
+  std::vector<std::vector<std::vector<float>>> straight(n), resumed(n);
+  std::vector<std::vector<gx::round_schedule>> decisions(n);
+  std::vector<std::vector<std::byte>> checkpoint(n);
+  gx::auto_collectives_options opt;
+  opt.model = plain_model(1e-3, 1e-9, 1e-9);  // latency-bound: Rabenseifner for every buffer
+  opt.calibrate = false;
+  auto run = [&](int from, int to, bool save, bool restore, auto& out) {
+    run_workers(n, [&](inproc_endpoint& ep) {
+      const auto r = std::size_t(ep.rank());
+      gx::model_exchange ex(ep, gx::plan(m, plan_opts()), {}, gx::auto_collectives<>(opt));
+      if (restore) ex.restore_state(checkpoint[r]);
+      for (int s = from; s < to; ++s) {
+        auto g = gradients(m, ep.rank(), std::uint64_t(s));
+        std::vector<std::span<float>> sp(g.begin(), g.end());
+        ex.step(sp);
+        if (s + 1 == to) out[r] = g;
+      }
+      if (save) checkpoint[r] = ex.save_state();
+      decisions[r] = ex.collectives().decisions();
+      CHECK(ex.collectives().last_schedule().has_value());
+    });
+  };
+  run(0, 8, false, false, straight);
+  REQUIRE_FALSE(decisions[0].empty());
+  for (const auto& d : decisions[0]) CHECK(d.decision.kind == schedule_kind::rabenseifner);
+  for (int r = 1; r < n; ++r) {
+    REQUIRE(decisions[std::size_t(r)].size() == decisions[0].size());
+    for (std::size_t i = 0; i < decisions[0].size(); ++i) {
+      CHECK(decisions[std::size_t(r)][i].length == decisions[0][i].length);
+      CHECK(decisions[std::size_t(r)][i].decision.kind == decisions[0][i].decision.kind);
+    }
+  }
+  const auto first = decisions[0];
+  std::vector<std::vector<std::vector<float>>> half(n);
+  run(0, 4, true, false, half);
+  run(4, 8, false, true, resumed);
+  for (int r = 0; r < n; ++r)
+    for (std::size_t l = 0; l < m.size(); ++l) CHECK(bit_equal(resumed[std::size_t(r)][l], straight[std::size_t(r)][l]));
+  CHECK(decisions[0].size() == first.size());  // restored: no new decision for the same buffers
+  // A forced schedule is recorded as forced.
+  opt.forced = schedule_kind::pipelined_ring;
+  run(0, 2, false, false, half);
+  for (const auto& d : decisions[0]) {
+    CHECK(d.decision.kind == schedule_kind::pipelined_ring);
+    CHECK(d.decision.forced);
+  }
+  // Corrupted collectives state: a state_error, nothing restored.
+  run_workers(1, [&](inproc_endpoint& ep) {
+    gx::auto_collectives<> c(opt);
+    std::vector<std::byte> bad(12, std::byte{1});
+    CHECK_THROWS_AS(c.restore_state(bad), gradcomp::state_error);
+    (void)ep;
+  });
+}
+
+TEST_CASE("exchange schedules: summable buffers of every element (payloads/summable.hpp) on every schedule") {
+  static_assert(GRADCOMP_EXCHANGE_SUMMABLE == 1);
+  for (int n : {2, 3, 5})
+    for (auto e : {gx::buffer_element::float16, gx::buffer_element::bfloat16, gx::buffer_element::int32_words})
+      for (auto kind : {schedule_kind::pipelined_ring, schedule_kind::rabenseifner, schedule_kind::hierarchical}) {
+        CAPTURE(n);
+        CAPTURE(static_cast<int>(e));
+        CAPTURE(static_cast<int>(kind));
+        const std::size_t len = 301;
+        // Small integers: exact in every element type, so every order of summation gives the same values.
+        auto cell = [&](int r, std::size_t i) {
+          const std::uint32_t v = std::uint32_t((i * 7 + std::size_t(r) * 3) % 13);
+          return e == gx::buffer_element::int32_words ? std::bit_cast<float>(v + 0xFFFFFFF0u) : float(v);
+        };
+        std::vector<std::vector<float>> x(static_cast<std::size_t>(n), std::vector<float>(len));
+        for (int r = 0; r < n; ++r)
+          for (std::size_t i = 0; i < len; ++i) x[std::size_t(r)][i] = cell(r, i);
+        run_workers(n, [&](inproc_endpoint& ep) {
+          gx::schedule_collectives<> c({.kind = kind, .chunk_elements = 50, .group_size = n % 2 == 0 ? 2 : 0});
+          gx::wire_counters w;
+          c.sum(ep, std::span<float>(x[std::size_t(ep.rank())]), e, gradcomp::tags::exchange.first, w);
+        });
+        for (std::size_t i = 0; i < len; ++i) {
+          if (e == gx::buffer_element::int32_words) {
+            std::uint32_t want = 0;
+            for (int r = 0; r < n; ++r) want += std::bit_cast<std::uint32_t>(cell(r, i));
+            CHECK(std::bit_cast<std::uint32_t>(x[0][i]) == want);
+          } else {
+            float want = 0;
+            for (int r = 0; r < n; ++r) want += cell(r, i);
+            CHECK(x[0][i] == want);
+          }
+          for (int r = 1; r < n; ++r) CHECK(std::bit_cast<std::uint32_t>(x[std::size_t(r)][i]) == std::bit_cast<std::uint32_t>(x[0][i]));
+        }
+      }
+}
