@@ -16,10 +16,14 @@
 namespace train {
 
 /// The configurations the program trains, in the order they run.
-enum class config_id { msgd_single, baseline, gradiveq, gradiveq_plus, qsgd4, two_bit, topk, dgs, lgc };
-inline constexpr std::array<config_id, 9> all_configs = {
+enum class config_id {
+  msgd_single, baseline, gradiveq, gradiveq_plus, qsgd4, two_bit, topk, dgs, lgc,
+  powersgd, powersgd4, fp16, bf16, homomorphic
+};
+inline constexpr std::array<config_id, 14> all_configs = {
     config_id::msgd_single, config_id::baseline, config_id::gradiveq, config_id::gradiveq_plus, config_id::qsgd4,
-    config_id::two_bit,     config_id::topk,     config_id::dgs,      config_id::lgc};
+    config_id::two_bit,     config_id::topk,     config_id::dgs,      config_id::lgc,           config_id::powersgd,
+    config_id::powersgd4,   config_id::fp16,     config_id::bf16,     config_id::homomorphic};
 
 std::string_view config_name(config_id c) noexcept;
 std::string_view config_description(config_id c) noexcept;
@@ -82,6 +86,12 @@ struct run_options {
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
   std::string lgc_momentum = "dgc";  ///< dgc | plain online
   bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
+  // PowerSGD (Vogels et al. 2019): uncompressed start period in percent of the run's steps.
+  double powersgd_start_percent = 5.0;
+  std::size_t powersgd_min_elements = 144;  ///< smaller matrices dense (144: the 16x9 stem is compressed)
+  // Homomorphic quantizer: lane width (0: from N) and values per agreed scale.
+  unsigned homomorphic_bits = 0;
+  std::size_t homomorphic_block = 512;
 };
 
 /// One gradient tensor of the model, as the exchange sees it.

@@ -2,6 +2,7 @@
 // exchange (gradcomp/model_exchange.hpp) per configuration, and what is the demo's own
 // around it: its momentum modes, byte columns and progress notes. DGS: dgs.cpp.
 #include "exchange.hpp"
+#include "plan.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,90 +17,9 @@
 
 namespace train {
 
-using policy = gradcomp::execution::simd;  // falls back to seq without xsimd
 namespace gx = gradcomp::exchange;
 
 namespace {
-
-gx::model_description describe(std::span<const layer_desc> layers) {
-  gx::model_description model;
-  for (const auto& l : layers) model.add(l.name, l.shape, std::size_t(l.dims));
-  return model;
-}
-
-/// The plan of a synchronous configuration: which codec each layer gets (the
-/// weight tensors, or the conv weights, compressed; 1-D tensors dense) and
-/// every codec's options from the command line.
-gx::plan plan_for(config_id c, const run_options& o, std::span<const layer_desc> layers) {
-  const gx::model_description model = describe(layers);
-  gx::plan_options p;
-  p.seed = o.seed;
-  p.rules.small_below = 0;  // only tensor rank decides: biases and norm weights dense
-  auto weights = [&](gx::codec_kind k) { p.rules.conv = p.rules.fallback = k; };
-  p.qsgd.bits = unsigned(o.qsgd_bits);
-  p.qsgd.levels = 0;
-  p.qsgd.bucket_size = o.qsgd_bucket;
-  switch (c) {
-    case config_id::gradiveq:
-    case config_id::gradiveq_plus: {
-      const bool plus = c == config_id::gradiveq_plus;
-      p.rules.conv = gx::codec_kind::gradiveq;
-      p.gradiveq.lambda = o.gradiveq_lambda;
-      auto& s = p.gradiveq_schedule;
-      s.warmup_iterations = o.gradiveq_warmup;
-      s.sampling_iterations = plus ? o.gradiveq_plus_lt : o.gradiveq_lt;
-      s.compressed_iterations = o.gradiveq_lc;
-      s.sampling = gradcomp::sampling_aggregation::qsgd;  // Sec. 4: L_t steps QSGD 4-bit
-      s.qsgd_bits = 4;
-      if (plus && o.gradiveq_plus_pool > 0) {  // beyond the paper, all linear (README)
-        p.gradiveq.source = gradcomp::basis_source::pooled;
-        p.gradiveq.pool_slices = o.gradiveq_plus_pool;
-      }
-      if (plus) p.gradiveq.holdout_fraction = o.gradiveq_plus_holdout;
-      if (plus && o.gradiveq_plus_stale > 0) {
-        s.stale_threshold = o.gradiveq_plus_stale;
-        s.patience = 2;
-        s.adaptive_cycles = true;
-        s.min_compressed_iterations = std::max<std::size_t>(1, o.gradiveq_lc / 4);
-      }
-      break;
-    }
-    case config_id::qsgd4: weights(gx::codec_kind::qsgd); break;
-    case config_id::two_bit:
-      weights(gx::codec_kind::two_bit);
-      p.two_bit = o.two_bit_threshold > 0 ? gradcomp::two_bit_options::fixed(float(o.two_bit_threshold))
-                                          : gradcomp::two_bit_options::automatic(float(o.two_bit_scale));
-      break;
-    case config_id::topk:
-      weights(gx::codec_kind::top_k);
-      p.top_k.ratio_percent = o.topk_percent;
-      p.top_k.mode = gradcomp::threshold_mode::exact;
-      p.top_k.scale = 1.0f;  // residual in gradient units; the optimiser applies lr
-      p.top_k.dgc_momentum = parse_momentum_mode(o.topk_momentum) == momentum_mode::correction;
-      p.top_k.momentum = float(o.momentum);
-      break;
-    case config_id::lgc: {  // seed 004 Sec. V-VI: top-k alpha% with DGC momentum, three phases
-      p.rules.conv = p.rules.small = p.rules.fallback = gx::codec_kind::lgc_ring;
-      p.lgc_factory = gx::lgc_bucket_factory<policy>();
-      p.lgc.alpha_percent = o.lgc_topk_percent;
-      p.lgc.momentum = parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain ? 0.0f : float(o.momentum);
-      p.lgc.schedule = {o.lgc_phase1, o.lgc_phase2};
-      p.lgc.seed = o.seed;
-      p.lgc.feedback_reconstruction_error = o.lgc_feedback;
-      // The autoencoder window: this small model's top-k vector, a multiple of 2^depth, at most 1024.
-      const gx::plan probe(model, p);
-      const gx::lgc_bucket_grouping g(probe, probe.buckets().front());
-      std::size_t mu = 0;
-      for (std::size_t j = 0; j < g.coded.size(); ++j)
-        mu += gradcomp::sparse_selection_count(g.sizes[g.dense.empty() ? j : j + 1], p.lgc.alpha_percent);
-      const std::size_t r = p.lgc.architecture.reduction();
-      p.lgc.window = std::clamp<std::size_t>(mu / r * r, r, 1024);
-      break;
-    }
-    default: weights(gx::codec_kind::dense); break;  // baseline
-  }
-  return gx::plan(std::move(model), std::move(p));
-}
 
 /// A synchronous configuration: one model_exchange step per training step.
 /// Momentum modes of the error-feedback codecs (common.hpp): `pre` folds the
@@ -149,8 +69,12 @@ class sync_exchanger final : public exchanger {
         const std::size_t raw = 4 * layout().model()[i].shape.size(), sent = st.layer_bytes[i];
         const bool target = config_ == config_id::baseline || layout().kind(i) != gx::codec_kind::dense;
         counters += {raw, sent, target ? raw : 0, target ? sent : 0, 0};
-        if (st.bucket_phase[b] == "gradiveq:compressed") compressed_ += {raw, sent, raw, sent, 0};
+        if (st.bucket_phase[b] == "gradiveq:compressed" || st.bucket_phase[b] == "powersgd:compressed")
+          compressed_ += {raw, sent, raw, sent, 0};
       }
+    if (std::find(st.bucket_phase.begin(), st.bucket_phase.end(), "powersgd:compressed") != st.bucket_phase.end())
+      ++powersgd_steps_;
+    ++steps_;
     if (was_compressed) {
       ++compressed_steps_;
       relative_loss_sum_ += ex_.buckets().gradiveq_loss().relative();
@@ -192,6 +116,11 @@ class sync_exchanger final : public exchanger {
                     double(lgc()->last_training_loss()));
       return b;
     }
+    if (powersgd_steps_ > 0)
+      return "weight ratio in the compressed steps " + ratio(compressed_.ratio()) + " over " +
+             std::to_string(powersgd_steps_) + " of " + std::to_string(steps_) + " steps (rank " +
+             std::to_string(layout().options().powersgd.rank) + ", dense start " +
+             std::to_string(layout().options().powersgd.start_iter) + " steps)";
     if (!gq()) return {};
     const auto& s = ex_.buckets().schedule();
     std::string out = "conv ratio in the L_c iterations " + ratio(compressed_.ratio()) + " over " +
@@ -256,8 +185,8 @@ class sync_exchanger final : public exchanger {
   float pre_ = 0.0f, post_ = 0.0f;
   double lr_mult_ = 1.0;
   std::vector<std::vector<float>> velocity_;
-  codec_counters compressed_;  // the GradiVeQ compressed iterations alone
-  std::size_t compressed_steps_ = 0, early_ends_ = 0;
+  codec_counters compressed_;  // the GradiVeQ (PowerSGD) compressed iterations alone
+  std::size_t compressed_steps_ = 0, early_ends_ = 0, powersgd_steps_ = 0, steps_ = 0;
   double relative_loss_sum_ = 0;
 };
 
@@ -279,7 +208,7 @@ void validate_codec_options(config_id c, const run_options& o, std::span<const l
   check_option_ranges(c, o);
   try {  // the codecs' own checks: build the plan and one rank's codecs
     if (c != config_id::msgd_single && c != config_id::dgs)
-      gx::bucket_layer<policy> check(plan_for(c, o, layers), 0, std::max(1, o.workers));
+      gx::bucket_layer<policy> check(plan_for(c, o, layers, 0), 0, std::max(1, o.workers));
   } catch (const gradcomp::error& e) {
     throw invalid_argument_error(who + ": " + e.what());
   }
@@ -287,12 +216,12 @@ void validate_codec_options(config_id c, const run_options& o, std::span<const l
 
 std::unique_ptr<exchanger> make_exchanger(config_id c, const run_options& o, counted_transport& data,
                                           std::span<const layer_desc> layers, std::span<const std::vector<float>> initial,
-                                          std::size_t /*total_steps*/) {
+                                          std::size_t total_steps) {
   validate_codec_options(c, o, layers);
   switch (c) {
     case config_id::msgd_single: return std::make_unique<single_exchanger>();
     case config_id::dgs: return make_dgs_exchanger(data, layers, o, initial);
-    default: return std::make_unique<sync_exchanger>(data, plan_for(c, o, layers), c, o);
+    default: return std::make_unique<sync_exchanger>(data, plan_for(c, o, layers, total_steps), c, o);
   }
 }
 

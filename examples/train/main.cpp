@@ -419,6 +419,8 @@ std::vector<layer_desc> describe_layers(small_resnet& net) {
     if (t.dim() == 4)
       d.shape = gradcomp::layer_shape::conv(std::size_t(t.size(0)), std::size_t(t.size(1)), std::size_t(t.size(2)),
                                             std::size_t(t.size(3)));
+    else if (t.dim() == 2)  // a linear weight [out, in]: PowerSGD's matrix view (dense for the others)
+      d.shape = gradcomp::layer_shape::matrix(std::size_t(t.size(0)), std::size_t(t.size(1)));
     else
       d.shape = gradcomp::layer_shape::dense(std::size_t(t.numel()));
     out.push_back(d);
@@ -667,6 +669,15 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
       ->capture_default_str();
   app.add_option("--lgc-feedback", o.lgc_feedback,
                  "LGC: add each node's autoencoder reconstruction error back to its accumulator (beyond the paper)")
+      ->capture_default_str();
+  app.add_option("--powersgd-start-percent", o.powersgd_start_percent,
+                 "PowerSGD: uncompressed start period, percent of the run's steps")
+      ->capture_default_str();
+  app.add_option("--powersgd-min-elements", o.powersgd_min_elements, "PowerSGD: smaller matrices stay dense")
+      ->capture_default_str();
+  app.add_option("--homomorphic-bits", o.homomorphic_bits, "Homomorphic quantizer: lane width (0: from N)")
+      ->capture_default_str();
+  app.add_option("--homomorphic-block", o.homomorphic_block, "Homomorphic quantizer: values per agreed scale")
       ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
       ->capture_default_str();
