@@ -293,8 +293,12 @@ class CompressionState:
             except RuntimeError as e:
                 if "timed out" in str(e).lower() or "timeout" in str(e).lower():
                     raise
-                raise _core.TransportError(f"gradcomp: the process group cannot all_reduce {dtype} tensors "
-                                           f"(unsupported by its backend on torch {torch.__version__}?): {e}") from e
+                # the same on every rank (every rank issued the same collective); gradcomp.torch.backward
+                # re-raises it as itself on torch 1.x, like an ExchangeFailure
+                self.failure = _core.TransportError(
+                    f"gradcomp: the process group cannot all_reduce {dtype} tensors "
+                    f"(unsupported by its backend on torch {torch.__version__}?): {e}")
+                raise self.failure from e
             joined[:] = t.to(torch.float32).numpy()
             wire = 2
         elif element == "int32_words":
@@ -393,7 +397,8 @@ def hook(state, bucket):  # no annotations: DDP checks them, and `from __future_
 
 
 def backward(loss: torch.Tensor, *states: CompressionState) -> None:
-    """``loss.backward()`` that raises a hook's ``gradcomp.ExchangeFailure`` as itself.
+    """``loss.backward()`` that raises a hook's ``gradcomp.ExchangeFailure`` (or the
+    ``gradcomp.TransportError`` of a 16-bit dtype the backend cannot sum) as itself.
 
     torch 2.x passes the exception a comm hook raised through ``backward()``
     unchanged; torch 1.13's DDP turns it into a ``RuntimeError`` carrying only

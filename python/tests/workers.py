@@ -171,7 +171,16 @@ def train_new_codecs(rank, world, codecs, n_steps=20):
     for codec in codecs:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(codec)
         if dtype is not None and not gt.supports_all_reduce(dtype):
-            out[codec] = f"unsupported: gloo on torch {torch.__version__} cannot all_reduce {dtype}"
+            # the state says so in its first backward, with a gradcomp.TransportError on every rank
+            model, ddp, state, opt, _ = build(codec)
+            x, y = data(rank, 0)
+            try:
+                gt.backward(F.cross_entropy(ddp(x), y), state)
+                raised = "nothing"
+            except gradcomp.TransportError as e:
+                raised = "TransportError" if "cannot all_reduce" in str(e) else str(e)
+            out[codec] = (f"unsupported: gloo on torch {torch.__version__} cannot all_reduce {dtype} "
+                          f"(the state raised {raised})")
             continue
         out[codec] = train(rank, world, codec, n_steps)[0]
     return out
