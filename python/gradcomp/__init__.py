@@ -27,7 +27,7 @@ from ._core import (  # noqa: F401
 __version__ = "0.1.0"
 
 #: The codecs a plan can give a layer (exchange::codec_kind).
-CODECS = ("dense", "gradiveq", "two_bit", "qsgd", "top_k")
+CODECS = ("dense", "gradiveq", "two_bit", "qsgd", "top_k", "fp16", "bf16", "homomorphic", "powersgd")
 
 __all__ = [
     "BucketLayer", "CODECS", "Error", "ExchangeFailure", "InvalidArgument", "LayoutError", "ModelDescription",

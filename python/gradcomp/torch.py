@@ -1,7 +1,8 @@
 """DistributedDataParallel comm hooks over gradcomp's bucket layer (docs/python.md).
 
 One state object per codec (``DenseState``, ``GradiVeQState``, ``QSGDState``,
-``TwoBitState``, ``TopKState``), registered with::
+``TwoBitState``, ``TopKState``, ``PowerSGDState``, ``FP16State``, ``BF16State``,
+``HomomorphicState``), registered with::
 
     ddp.register_comm_hook(state, gradcomp.torch.hook)
 
@@ -12,10 +13,16 @@ How a DDP bucket is exchanged:
   streams, GradiVeQ bases and schedule) is keyed by parameter name and does not
   depend on how DDP groups parameters into buckets: a bucket rebuild keeps it.
 - The hook runs the rounds of every parameter of the bucket together: per round
-  ONE collective per kind of round present (``all_reduce`` SUM of the float32
-  summable buffers, control blocks included, concatenated; ``all_reduce`` MAX;
-  one ``all_gather`` of every rank's payloads packed into one padded byte
-  tensor). The bucket layer checks every reduced buffer after the sum.
+  ONE collective per kind of round present (``all_reduce`` SUM of the
+  summable buffers of one element type, control blocks included, concatenated;
+  ``all_reduce`` MAX; one ``all_gather`` of every rank's payloads packed into
+  one padded byte tensor). The bucket layer checks every reduced buffer after
+  the sum. A round's ``element`` says how its float32 cells are reduced:
+  ``float32`` as they are; ``float16`` / ``bfloat16`` converted (exactly) to a
+  ``torch.float16`` / ``torch.bfloat16`` tensor and summed by the process
+  group in that type (its own 16-bit sum), then converted back; ``int32_words``
+  (uint32 bit patterns in the cells) viewed as ``torch.int32`` without a value
+  conversion and summed as integers (wrap-around mod 2^32 is the codec's sum).
 - The all-gather pads to a capacity every rank agrees on (the largest packed
   size seen in the bucket's last 16 steps, or the dense size the first time);
   a rank whose payloads do not fit says so in the 8-byte size header of the
@@ -44,14 +51,31 @@ import torch.distributed as dist
 from . import _core
 
 __all__ = [
-    "CompressionState", "DenseState", "GradiVeQState", "QSGDState", "TwoBitState", "TopKState", "backward", "hook",
-    "STATE_FORMAT",
+    "CompressionState", "DenseState", "GradiVeQState", "QSGDState", "TwoBitState", "TopKState", "PowerSGDState",
+    "FP16State", "BF16State", "HomomorphicState", "backward", "hook", "supports_all_reduce", "STATE_FORMAT",
 ]
 
 #: Version of the dict that ``state_dict()`` returns.
 STATE_FORMAT = 1
 _HISTORY = 16  # steps of packed all-gather sizes that set the capacity
 _SIZE_HEADER = 8
+
+
+#: torch dtype of the 16-bit elements of a sum round (Round.element).
+_DTYPE_16 = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def supports_all_reduce(dtype: torch.dtype, process_group=None) -> bool:
+    """Whether the process group's backend can all_reduce (SUM) a tensor of ``dtype``.
+
+    A collective: every rank of the group must call it. gloo on torch 1.13, for
+    example, has no bfloat16 sum, so ``BF16State`` cannot run there."""
+    t = torch.zeros(2, dtype=dtype)
+    try:
+        dist.all_reduce(t, group=process_group)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _name_seed(seed: int, name: str) -> int:
@@ -80,6 +104,7 @@ class CompressionState:
     codec = "dense"
     _aliases: Dict[str, str] = {}
     _default_small: Optional[str] = None  # None: the state's own codec
+    _matrix_view = False  # 2-D weights as add_matrix (PowerSGD's rows x cols view) rather than add_dense
 
     def __init__(self, model: torch.nn.Module, process_group=None, *, seed: int = 0, small: Optional[str] = None,
                  small_below: Optional[int] = None, options: Optional[dict] = None, **codec_options):
@@ -122,6 +147,8 @@ class CompressionState:
         md.add_conv("gradcomp.validate.conv", 8, 8, 3, 3)
         md.add_dense("gradcomp.validate.dense", 8192, 2)
         md.add_dense("gradcomp.validate.bias", 8, 1)
+        if self._matrix_view:
+            md.add_matrix("gradcomp.validate.matrix", 64, 128)
         _core.BucketLayer(_core.Plan(md, dict(self._plan_options, seed=0)), 0, 2, "skip")
 
     # -- ranks and layers -----------------------------------------------------
@@ -149,6 +176,8 @@ class CompressionState:
         md = _core.ModelDescription()
         if p.dim() == 4:
             md.add_conv(name, *p.shape)
+        elif p.dim() == 2 and self._matrix_view:
+            md.add_matrix(name, *p.shape)
         else:
             md.add_dense(name, p.numel(), 1 if p.dim() <= 1 else 2)
         plan = _core.Plan(md, dict(self._plan_options, seed=_name_seed(self._seed, name)))
@@ -236,21 +265,53 @@ class CompressionState:
                     live.append((layer, r, n))
             if not live:
                 return
-            for op in ("sum", "max"):
-                group = [(layer, r) for layer, r, _ in live if r.op == op]
-                if group:
-                    self._reduce(op, group)
+            kinds = []  # (op, element) in first-seen order: the same on every rank (same plans, same rounds)
+            for _, r, _ in live:
+                if r.op != "all_gather" and (r.op, r.element) not in kinds:
+                    kinds.append((r.op, r.element))
+            for op, element in kinds:
+                group = [(layer, r) for layer, r, _ in live if r.op == op and r.element == element]
+                self._reduce(op, element, group)
             group = [(layer, r, n) for layer, r, n in live if r.op == "all_gather"]
             if group:
                 self._gather(key, group)
 
-    def _reduce(self, op: str, group: list) -> None:
+    def _reduce(self, op: str, element: str, group: list) -> None:
         bufs = [r.buffer for _, r in group]
         joined = bufs[0] if len(bufs) == 1 else np.concatenate(bufs)
-        t = torch.from_numpy(joined)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.process_group)
+        reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+        if element == "float32":
+            dist.all_reduce(torch.from_numpy(joined), op=reduce_op, group=self.process_group)
+            wire = 4
+        elif element in _DTYPE_16:
+            # the cells are exactly representable in the 16-bit type: the conversion is exact, and the
+            # process group sums in that type (rounding as its own 16-bit sum does)
+            dtype = _DTYPE_16[element]
+            t = torch.from_numpy(joined).to(dtype)
+            try:
+                dist.all_reduce(t, op=reduce_op, group=self.process_group)
+            except RuntimeError as e:
+                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                    raise
+                # the same on every rank (every rank issued the same collective); gradcomp.torch.backward
+                # re-raises it as itself on torch 1.x, like an ExchangeFailure
+                self.failure = _core.TransportError(
+                    f"gradcomp: the process group cannot all_reduce {dtype} tensors "
+                    f"(unsupported by its backend on torch {torch.__version__}?): {e}")
+                raise self.failure from e
+            joined[:] = t.to(torch.float32).numpy()
+            wire = 2
+        elif element == "int32_words":
+            if op != "sum":
+                raise _core.InvalidArgument(f"gradcomp: a {op} round of int32 words")
+            # the cells hold uint32 bit patterns: a view (no value conversion), summed as int32 words;
+            # two's complement wrap-around gives the codec's sum mod 2^32
+            dist.all_reduce(torch.from_numpy(joined.view(np.int32)), op=reduce_op, group=self.process_group)
+            wire = 4
+        else:
+            raise _core.InvalidArgument(f"gradcomp: a round of unknown element type '{element}'")
         self.stats["collectives"] += 1
-        self.stats["bytes_sent"] += joined.nbytes
+        self.stats["bytes_sent"] += wire * joined.size
         if len(bufs) > 1:
             at = 0
             for b in bufs:
@@ -336,7 +397,8 @@ def hook(state, bucket):  # no annotations: DDP checks them, and `from __future_
 
 
 def backward(loss: torch.Tensor, *states: CompressionState) -> None:
-    """``loss.backward()`` that raises a hook's ``gradcomp.ExchangeFailure`` as itself.
+    """``loss.backward()`` that raises a hook's ``gradcomp.ExchangeFailure`` (or the
+    ``gradcomp.TransportError`` of a 16-bit dtype the backend cannot sum) as itself.
 
     torch 2.x passes the exception a comm hook raised through ``backward()``
     unchanged; torch 1.13's DDP turns it into a ``RuntimeError`` carrying only
@@ -397,3 +459,40 @@ class TopKState(CompressionState):
     codec = "top_k"
     _aliases = {"ratio_percent": "top_k_ratio_percent", "mode": "top_k_mode", "scale": "top_k_scale",
                 "dgc_momentum": "top_k_dgc_momentum", "momentum": "top_k_momentum"}
+
+
+class PowerSGDState(CompressionState):
+    """Rank-``rank`` PowerSGD (Vogels et al. 2019) on conv weights (viewed as
+    C_out x (C_in k k), PyTorch's view) and linear weights (out x in): two sum
+    rounds of float32 (the P's, then the Q's), both issued inside the hook, so
+    every rank issues them in the same order. Dense for its first ``start_iter``
+    steps, for matrices under ``min_elements`` and for 1-D parameters. Error
+    feedback and the warm-start Q are its memory (``state_dict``)."""
+
+    codec = "powersgd"
+    _matrix_view = True
+    _aliases = {"rank": "powersgd_rank", "start_iter": "powersgd_start_iter", "min_elements": "powersgd_min_elements",
+                "error_feedback": "powersgd_error_feedback", "warm_start": "powersgd_warm_start"}
+
+
+class FP16State(CompressionState):
+    """IEEE float16: one sum round whose cells the hook converts to a ``torch.float16``
+    tensor, sums with the process group's own 16-bit ``all_reduce`` and converts back."""
+
+    codec = "fp16"
+
+
+class BF16State(CompressionState):
+    """bfloat16, as ``FP16State`` with ``torch.bfloat16`` (gloo on torch 1.13 cannot sum
+    bfloat16: ``supports_all_reduce(torch.bfloat16)`` says whether the backend can)."""
+
+    codec = "bf16"
+
+
+class HomomorphicState(CompressionState):
+    """The agreed-scale integer quantizer: a float32 MAX round (the scales of every
+    ``block_size`` values), then a sum round of int32 words (``bits``-wide lanes, 0: from
+    the world size) that the process group sums as ``torch.int32``."""
+
+    codec = "homomorphic"
+    _aliases = {"bits": "homomorphic_bits", "block_size": "homomorphic_block_size"}

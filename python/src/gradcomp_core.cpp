@@ -115,7 +115,11 @@ gx::codec_kind kind_of(const std::string& s) {
   if (s == "two_bit") return gx::codec_kind::two_bit;
   if (s == "qsgd") return gx::codec_kind::qsgd;
   if (s == "top_k" || s == "topk") return gx::codec_kind::top_k;
-  invalid("unknown codec '" + s + "' (dense, gradiveq, two_bit, qsgd, top_k)");
+  if (s == "fp16") return gx::codec_kind::fp16;
+  if (s == "bf16") return gx::codec_kind::bf16;
+  if (s == "homomorphic") return gx::codec_kind::homomorphic;
+  if (s == "powersgd") return gx::codec_kind::powersgd;
+  invalid("unknown codec '" + s + "' (dense, gradiveq, two_bit, qsgd, top_k, fp16, bf16, homomorphic, powersgd)");
 }
 
 template <class T>
@@ -181,6 +185,13 @@ gx::plan_options options_from(const nb::dict& d) {
     } else if (key == "stale_threshold") o.gradiveq_schedule.stale_threshold = number<double>(v, key);
     else if (key == "patience") o.gradiveq_schedule.patience = count(v, key);
     else if (key == "adaptive_cycles") o.gradiveq_schedule.adaptive_cycles = number<bool>(v, key);
+    else if (key == "powersgd_rank") o.powersgd.rank = count(v, key);
+    else if (key == "powersgd_start_iter") o.powersgd.start_iter = count(v, key);
+    else if (key == "powersgd_min_elements") o.powersgd.min_elements = count(v, key);
+    else if (key == "powersgd_error_feedback") o.powersgd.error_feedback = number<bool>(v, key);
+    else if (key == "powersgd_warm_start") o.powersgd.warm_start = number<bool>(v, key);
+    else if (key == "homomorphic_bits") o.homomorphic.bits = static_cast<unsigned>(count(v, key));
+    else if (key == "homomorphic_block_size") o.homomorphic.block_size = count(v, key);
     else invalid("unknown plan option '" + key + "'");
   }
   return o;
@@ -207,6 +218,7 @@ struct py_round {
   std::size_t bucket = 0;
   std::size_t index = 0;
   std::string op;
+  std::string element;  // sum/max: 'float32', 'float16', 'bfloat16' or 'int32_words'; '' for all_gather
   bool carries_control = false;
   std::size_t length = 0;
   nb::object buffer;   // numpy float32 view (sum/max), None for all_gather
@@ -238,6 +250,7 @@ class py_bucket_layer {
     out.bucket = r->bucket;
     out.index = r->index;
     out.op = op_name(r->spec.op);
+    out.element = r->spec.op == gx::round_op::all_gather ? std::string() : std::string(gradcomp::summable::to_string(r->spec.element));
     out.carries_control = r->carries_control;
     out.length = r->spec.length;
     if (r->spec.op == gx::round_op::all_gather) {
@@ -355,6 +368,12 @@ NB_MODULE(_core, m) {
           "name"_a, "filters"_a, "depth"_a, "height"_a, "width"_a, nb::rv_policy::reference_internal,
           "A conv weight [F, D, H, W] (GradiVeQ flattens it, Fig. 3a of seed 002).")
       .def(
+          "add_matrix",
+          [](gx::model_description& d, std::string name, std::size_t rows, std::size_t cols)
+              -> gx::model_description& { return d.add_matrix(std::move(name), rows, cols); },
+          "name"_a, "rows"_a, "cols"_a, nb::rv_policy::reference_internal,
+          "A 2-D weight [rows, cols] (a linear layer's [out, in]): PowerSGD views it as a rows x cols matrix.")
+      .def(
           "add_dense",
           [](gx::model_description& d, std::string name, std::size_t n, std::size_t tensor_rank)
               -> gx::model_description& { return d.add_dense(std::move(name), n, tensor_rank); },
@@ -389,6 +408,10 @@ NB_MODULE(_core, m) {
       .def_ro("bucket", &py_round::bucket)
       .def_ro("index", &py_round::index)
       .def_ro("op", &py_round::op, "'sum', 'max' or 'all_gather'")
+      .def_ro("element", &py_round::element,
+              "sum/max: how the float32 cells are reduced: 'float32'; 'float16' / 'bfloat16' (cells exactly "
+              "representable in that type, summed in it); 'int32_words' (uint32 bit patterns, summed mod 2^32); "
+              "'' for all_gather")
       .def_ro("carries_control", &py_round::carries_control)
       .def_ro("length", &py_round::length, "floats of the buffer (control block included); 0 for all_gather")
       .def_ro("buffer", &py_round::buffer, "sum/max: float32 array to reduce in place across ranks")

@@ -40,6 +40,66 @@ def _run_step(layers, grads):
     return [layer.finish_step(g) for layer, g in zip(layers, grads)]
 
 
+def _reduce_as(element, op, bufs):
+    """The reduction a process group does on a round's cells of `element` (as gradcomp.torch does)."""
+    if element == "int32_words":
+        assert op == "sum"
+        ts = [torch.from_numpy(b.copy().view(np.int32)) for b in bufs]
+        total = ts[0].clone()
+        for t in ts[1:]:
+            total += t  # int32 wrap-around
+        return total.numpy().view(np.float32)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[element]
+    ts = [torch.from_numpy(b.copy()).to(dtype) for b in bufs]
+    assert all(torch.equal(t.to(torch.float32), torch.from_numpy(b)) for t, b in zip(ts, bufs))  # exact cells
+    total = ts[0].clone()
+    for t in ts[1:]:
+        total = total + t if op == "sum" else torch.maximum(total, t)
+    return total.to(torch.float32).numpy()
+
+
+@pytest.mark.parametrize("codec,rounds", [
+    ("fp16", [("sum", "float16")]),
+    ("bf16", [("sum", "bfloat16")]),
+    ("homomorphic", [("max", "float32"), ("sum", "int32_words")]),
+    ("powersgd", [("sum", "float32"), ("sum", "float32")]),
+])
+def test_rounds_say_their_element(codec, rounds):
+    m = gradcomp.ModelDescription()
+    m.add_conv("conv", 16, 8, 3, 3).add_matrix("fc", 64, 96).add_dense("bias", 8, 1)
+    plan = gradcomp.Plan(m, {"conv": codec, "fallback": codec, "small": codec, "powersgd_start_iter": 0,
+                             "powersgd_rank": 2, "homomorphic_bits": 12})
+    layers = [gradcomp.BucketLayer(plan, r, 3) for r in range(3)]
+    rng = np.random.default_rng(1)
+    grads = [[rng.standard_normal(n).astype(np.float32) for _, n, _ in m.layers] for _ in range(3)]
+    want = [np.mean([g[i] for g in grads], axis=0) for i in range(3)]
+    for layer, g in zip(layers, grads):
+        layer.begin_step(g)
+    seen = []
+    while True:
+        rs = [layer.next_round() for layer in layers]
+        if rs[0] is None:
+            break
+        assert len({(r.op, r.element) for r in rs}) == 1
+        if not seen or rs[0].bucket == 0:
+            seen.append((rs[0].op, rs[0].element))
+        total = _reduce_as(rs[0].element, rs[0].op, [r.buffer for r in rs])
+        for r in rs:
+            r.buffer[:] = total
+        for layer in layers:
+            layer.complete_round()
+    assert seen[:len(rounds)] == rounds
+    reports = [layer.finish_step(g) for layer, g in zip(layers, grads)]
+    assert all(not r["skipped"] for r in reports), reports
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0]):
+            assert np.array_equal(a, b)
+    if codec in ("fp16", "bf16", "homomorphic"):  # a quantized mean, near the true one
+        tol = {"fp16": 2e-3, "bf16": 2e-2, "homomorphic": 5e-3}[codec]
+        for a, b in zip(grads[0], want):
+            np.testing.assert_allclose(a, b, atol=tol)
+
+
 @pytest.mark.parametrize("codec", ["dense", "qsgd", "two_bit", "top_k"])
 def test_bucket_layer_means_over_ranks(codec):
     plan = gradcomp.Plan(_model(), {"conv": codec, "fallback": codec, "small": codec, "top_k_ratio_percent": 100.0,
@@ -102,6 +162,11 @@ def test_errors_form_a_hierarchy():
     lambda m: gt.GradiVeQState(m, sampling_iterations=1),
     lambda m: gt.QSGDState(m, bitz=4),
     lambda m: gt.DenseState(m, small="no-such-codec"),
+    lambda m: gt.PowerSGDState(m, rank=0),
+    lambda m: gt.PowerSGDState(m, rnak=2),
+    lambda m: gt.HomomorphicState(m, block_size=0),
+    lambda m: gt.FP16State(m, options={"powersgd_rnk": 1}),
+    lambda m: gt.BF16State(m, bits=8),
 ])
 def test_invalid_codec_parameter_raises_invalid_argument(make):
     with pytest.raises(gradcomp.InvalidArgument):

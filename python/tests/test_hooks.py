@@ -39,6 +39,50 @@ def test_hooks_train_the_same_model_on_every_rank(world):
     assert dense["collectives"] == dense["hook_calls"] and dense["extra_collectives"] == 0
 
 
+NEW_CODECS = ["powersgd", "fp16", "bf16", "homomorphic"]
+
+
+@pytest.fixture(scope="module")
+def new_codec_runs():
+    """One 2-rank spawn training every state of the codecs of issue 22 for 20 steps."""
+    return h.unwrap(h.spawn(2, workers.train_new_codecs, NEW_CODECS))
+
+
+@pytest.mark.parametrize("codec", NEW_CODECS)
+def test_new_codec_hooks_train_the_same_model_on_both_ranks(new_codec_runs, codec):
+    results = [r[codec] for r in new_codec_runs]
+    if isinstance(results[0], str):
+        assert all(r == results[0] for r in results)
+        assert results[0].endswith("(the state raised TransportError)"), results[0]
+        pytest.skip(results[0])
+    assert len({r["digest"] for r in results}) == 1, f"{codec}: ranks ended with different weights"
+    res = results[0]
+    stats = res["stats"]
+    assert res["buckets"] >= 4, f"{codec}: only {res['buckets']} DDP buckets"
+    assert res["loss"] < res["loss0"], f"{codec}: loss {res['loss0']:.4f} -> {res['loss']:.4f}"
+    assert stats["extra_collectives"] == 0
+    print(f"world 2 {codec:11s}: loss {res['loss0']:.4f} -> {res['loss']:.4f}, {res['buckets']} buckets, "
+          f"{stats['collectives']} collectives for {stats['hook_calls']} hook calls, "
+          f"{stats['bytes_sent'] / 20:.0f} B/step, {res['step_ms']:.1f} ms/step, phases {res['phases']}")
+    if codec in ("fp16", "bf16"):  # one 16-bit sum round per bucket, 2 bytes a cell
+        assert stats["collectives"] == stats["hook_calls"]
+    if codec == "homomorphic":  # a max round and an int32 sum round per bucket
+        assert stats["collectives"] == 2 * stats["hook_calls"]
+    if codec == "powersgd":  # after start_iter, some buckets take two sum rounds (P, then Q)
+        assert stats["collectives"] > stats["hook_calls"]
+        assert "powersgd:compressed" in res["phases"], res["phases"]
+
+
+def test_powersgd_state_dict_resumes_bit_for_bit_at_2_ranks():
+    per_rank = h.unwrap(h.spawn(2, workers.resume_powersgd))
+    for results in per_rank:
+        full, resumed, names, diff = results["with"]
+        assert resumed == full and diff == 0.0, "powersgd: the resumed run differs from the uninterrupted one"
+        assert "fc1.weight" in names and "conv2.weight" in names
+        full, resumed, _, diff = results["without"]  # the control: its error feedback and Q matter
+        assert resumed != full and diff > 0.0
+
+
 def _train_all(rank, world, runs):
     return {codec: workers.train(rank, world, codec, 20, runs) for codec in CODECS}
 

@@ -30,6 +30,14 @@ def make_state(codec: str, model):
         return gt.TwoBitState(model, auto_scale=1.0)
     if codec == "top_k":
         return gt.TopKState(model, ratio_percent=10.0)
+    if codec == "powersgd":  # rank 2, compressed from step 3 on (conv2, fc1-fc3; fc4 and 1-D parameters dense)
+        return gt.PowerSGDState(model, rank=2, start_iter=3)
+    if codec == "fp16":
+        return gt.FP16State(model)
+    if codec == "bf16":
+        return gt.BF16State(model)
+    if codec == "homomorphic":
+        return gt.HomomorphicState(model)
     raise ValueError(codec)
 
 
@@ -155,3 +163,28 @@ def readme_example(rank, world, code, workdir):
     state = scope["state"]
     return {"hook_calls": state.stats["hook_calls"],
             "digest": digest(scope["model"])}
+
+
+def train_new_codecs(rank, world, codecs, n_steps=20):
+    """train() for each codec; a 16-bit codec whose dtype the backend cannot all_reduce: "unsupported"."""
+    out = {}
+    for codec in codecs:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(codec)
+        if dtype is not None and not gt.supports_all_reduce(dtype):
+            # the state says so in its first backward, with a gradcomp.TransportError on every rank
+            model, ddp, state, opt, _ = build(codec)
+            x, y = data(rank, 0)
+            try:
+                gt.backward(F.cross_entropy(ddp(x), y), state)
+                raised = "nothing"
+            except gradcomp.TransportError as e:
+                raised = "TransportError" if "cannot all_reduce" in str(e) else str(e)
+            out[codec] = (f"unsupported: gloo on torch {torch.__version__} cannot all_reduce {dtype} "
+                          f"(the state raised {raised})")
+            continue
+        out[codec] = train(rank, world, codec, n_steps)[0]
+    return out
+
+
+def resume_powersgd(rank, world):
+    return {"with": resume(rank, world, "powersgd"), "without": resume(rank, world, "powersgd", load_hook_state=False)}
