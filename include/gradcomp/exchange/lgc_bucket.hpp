@@ -79,6 +79,52 @@ struct lgc_bucket_grouping {
   }
 };
 
+namespace detail {
+
+/// The accumulator part of an LGC bucket's saved state: u then v, each
+/// layer's length and values (shared by the ring and parameter-server buckets).
+template <class Accumulator>
+void put_lgc_accumulator(wire::writer& w, const Accumulator& acc) {
+  for (const auto* a : {&acc.u, &acc.v})
+    for (const auto& l : *a) {
+      w.put<std::uint64_t>(l.size());
+      w.put_array<float>(l);
+    }
+}
+
+/// Reads what put_lgc_accumulator wrote into copies of `acc`'s u and v
+/// (layer lengths checked: layout_error naming `who`); the caller commits them.
+template <class Accumulator>
+std::pair<decltype(Accumulator::u), decltype(Accumulator::v)> get_lgc_accumulator(wire::reader& r,
+                                                                                 const Accumulator& acc,
+                                                                                 const char* who) {
+  auto u = acc.u;
+  auto v = acc.v;
+  for (auto* a : {&u, &v})
+    for (auto& l : *a) {
+      if (r.get<std::uint64_t>() != l.size()) throw layout_error(std::string(who) + ": another accumulator");
+      r.get_array<float>(l);
+    }
+  return {std::move(u), std::move(v)};
+}
+
+/// The trainer an LGC bucket restores: from `weights` (a network like
+/// `shape`) when this rank `trains`, none otherwise; layout_error naming
+/// `who` when the saved state has trainer weights exactly where it should not.
+inline std::optional<lgc_trainer> restore_lgc_trainer(const lgc_network& shape, std::span<const std::byte> weights,
+                                                      bool trains, const lgc_options& opt, const char* who) {
+  if (trains != !weights.empty()) throw layout_error(std::string(who) + ": trainer weights where none belong");
+  std::optional<lgc_trainer> trainer;
+  if (trains) {
+    lgc_network t(shape);
+    t.load(weights);
+    trainer.emplace(std::move(t), opt.optimizer, opt.learning_rate);
+  }
+  return trainer;
+}
+
+}  // namespace detail
+
 /// The LGC ring form as a bucket codec (see the file comment). One per rank.
 template <ExecutionPolicy Policy = execution::seq>
 class lgc_ring_bucket final : public bucket_codec {
@@ -316,11 +362,7 @@ class lgc_ring_bucket final : public bucket_codec {
       w.put<std::uint64_t>(training_steps_);
       w.put<std::uint64_t>(rejected_);
       w.put<float>(last_loss_);
-      for (const auto* a : {&acc_.u, &acc_.v})
-        for (const auto& l : *a) {
-          w.put<std::uint64_t>(l.size());
-          w.put_array<float>(l);
-        }
+      detail::put_lgc_accumulator(w, acc_);
     }));
     parts.push_back(lgc_network(*net_).save());
     parts.push_back(trainer_ ? lgc_network(trainer_->network()).save() : std::vector<std::byte>{});
@@ -334,23 +376,12 @@ class lgc_ring_bucket final : public bucket_codec {
     if (h.element_count != layout_.total) throw layout_error("lgc_ring_bucket state: another layout");
     const auto step = r.get<std::uint64_t>(), trained = r.get<std::uint64_t>(), rejected = r.get<std::uint64_t>();
     const float loss = r.get<float>();
-    auto u = acc_.u, v = acc_.v;
-    for (auto* a : {&u, &v})
-      for (auto& l : *a) {
-        if (r.get<std::uint64_t>() != l.size()) throw layout_error("lgc_ring_bucket state: another accumulator");
-        r.get_array<float>(l);
-      }
+    auto [u, v] = detail::get_lgc_accumulator(r, acc_, "lgc_ring_bucket state");
     r.expect_end();
     auto net = std::make_shared<lgc_network>(*net_);
     net->load(parts[1]);
-    std::optional<lgc_trainer> trainer;
     const bool trains = rank_ == opt_.trainer_rank && step <= opt_.schedule.first_compressed();
-    if (trains != !parts[2].empty()) throw layout_error("lgc_ring_bucket state: trainer weights where none belong");
-    if (trains) {
-      lgc_network t(*net_);
-      t.load(parts[2]);
-      trainer.emplace(std::move(t), opt_.optimizer, opt_.learning_rate);
-    }
+    auto trainer = detail::restore_lgc_trainer(*net_, parts[2], trains, opt_, "lgc_ring_bucket state");
     std::optional<autoencoder_codec<Policy>> codec;
     codec.emplace(net, layout_.mu);
     acc_.u = std::move(u);

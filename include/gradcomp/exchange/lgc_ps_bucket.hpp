@@ -238,11 +238,7 @@ class lgc_ps_bucket final : public bucket_codec {
       w.put<std::uint64_t>(step_);
       w.put<std::uint64_t>(training_steps_);
       w.put<float>(last_loss_);
-      for (const auto* a : {&acc_.u, &acc_.v})
-        for (const auto& l : *a) {
-          w.put<std::uint64_t>(l.size());
-          w.put_array<float>(l);
-        }
+      gradcomp::exchange::detail::put_lgc_accumulator(w, acc_);
     }));
     parts.push_back(lgc_network(*net_).save());
     parts.push_back(trainer_ ? lgc_network(trainer_->network()).save() : std::vector<std::byte>{});
@@ -256,23 +252,12 @@ class lgc_ps_bucket final : public bucket_codec {
     if (h.element_count != layout_.total) throw layout_error("lgc_ps_bucket state: another layout");
     const auto step = r.get<std::uint64_t>(), trained = r.get<std::uint64_t>();
     const float loss = r.get<float>();
-    auto u = acc_.u, v = acc_.v;
-    for (auto* a : {&u, &v})
-      for (auto& l : *a) {
-        if (r.get<std::uint64_t>() != l.size()) throw layout_error("lgc_ps_bucket state: another accumulator");
-        r.get_array<float>(l);
-      }
+    auto [u, v] = gradcomp::exchange::detail::get_lgc_accumulator(r, acc_, "lgc_ps_bucket state");
     r.expect_end();
     auto net = std::make_shared<lgc_network>(*net_);
     net->load(parts[1]);
-    std::optional<lgc_trainer> trainer;
     const bool trains = rank_ == opt_.trainer_rank && step <= opt_.schedule.first_compressed();
-    if (trains != !parts[2].empty()) throw layout_error("lgc_ps_bucket state: trainer weights where none belong");
-    if (trains) {
-      lgc_network t(*net_);
-      t.load(parts[2]);
-      trainer.emplace(std::move(t), opt_.optimizer, opt_.learning_rate);
-    }
+    auto trainer = gradcomp::exchange::detail::restore_lgc_trainer(*net_, parts[2], trains, opt_, "lgc_ps_bucket state");
     acc_.u = std::move(u);
     acc_.v = std::move(v);
     net_ = std::move(net);
