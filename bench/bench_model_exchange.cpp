@@ -14,6 +14,7 @@
 //        model_exchange_bucket_layer_overhead, exchange_failure_agreement_ms.
 // Options: --steps N (timed steps per configuration, default 2).
 #include "common.hpp"
+#include "resnet50_model.hpp"
 
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/transport/emulated_link.hpp>
@@ -32,36 +33,6 @@ using namespace gradcomp;
 using wall = std::chrono::steady_clock;
 
 namespace {
-
-/// ResNet-50 (torchvision): every parameter tensor, in order.
-gx::model_description resnet50() {
-  gx::model_description m;
-  auto bn = [&](const std::string& n, std::size_t c) {
-    m.add_dense(n + ".weight", c, 1).add_dense(n + ".bias", c, 1);
-  };
-  m.add_conv("conv1", 64, 3, 7, 7);
-  bn("bn1", 64);
-  const std::size_t blocks[4] = {3, 4, 6, 3}, widths[4] = {64, 128, 256, 512};
-  std::size_t in = 64;
-  for (int l = 0; l < 4; ++l)
-    for (std::size_t b = 0; b < blocks[l]; ++b) {
-      const std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b);
-      const std::size_t w = widths[l];
-      m.add_conv(p + ".conv1", w, in, 1, 1);
-      bn(p + ".bn1", w);
-      m.add_conv(p + ".conv2", w, w, 3, 3);
-      bn(p + ".bn2", w);
-      m.add_conv(p + ".conv3", 4 * w, w, 1, 1);
-      bn(p + ".bn3", 4 * w);
-      if (b == 0) {
-        m.add_conv(p + ".downsample", 4 * w, in, 1, 1);
-        bn(p + ".downsample.bn", 4 * w);
-      }
-      in = 4 * w;
-    }
-  m.add_dense("fc.weight", 1000 * 2048).add_dense("fc.bias", 1000, 1);
-  return m;
-}
 
 std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step) {
   std::vector<std::vector<float>> g;
@@ -140,7 +111,7 @@ int main(int argc, char** argv) {
   int steps = 2;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--steps") steps = std::max(1, std::atoi(argv[i + 1]));
-  const auto m = resnet50();
+  const auto m = gradcomp::bench::resnet50_model();
   std::size_t total = 0;
   for (const auto& l : m.layers()) total += l.shape.size();
   std::printf("bench_model_exchange: ResNet-50, %zu tensors, %zu floats; 4 workers, 1 Gbit/s, 50 us; policy %s; load %.2f\n",

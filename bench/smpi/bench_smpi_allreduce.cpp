@@ -35,6 +35,7 @@
 
 #include "../common.hpp"
 #include "../conv_like_gradients.hpp"
+#include "../resnet50_model.hpp"
 
 #include <Eigen/Core>
 
@@ -68,34 +69,6 @@ struct bucket {
   bool compressible = false;
 };
 
-/// ResNet-50 (torchvision): every parameter tensor, in order (the shapes of bench/bench_model_exchange.cpp).
-gx::model_description resnet50() {
-  gx::model_description m;
-  auto bn = [&](const std::string& n, std::size_t c) { m.add_dense(n + ".weight", c, 1).add_dense(n + ".bias", c, 1); };
-  m.add_conv("conv1", 64, 3, 7, 7);
-  bn("bn1", 64);
-  const std::size_t blocks[4] = {3, 4, 6, 3}, widths[4] = {64, 128, 256, 512};
-  std::size_t in = 64;
-  for (int l = 0; l < 4; ++l)
-    for (std::size_t b = 0; b < blocks[l]; ++b) {
-      const std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b);
-      const std::size_t w = widths[l];
-      m.add_conv(p + ".conv1", w, in, 1, 1);
-      bn(p + ".bn1", w);
-      m.add_conv(p + ".conv2", w, w, 3, 3);
-      bn(p + ".bn2", w);
-      m.add_conv(p + ".conv3", 4 * w, w, 1, 1);
-      bn(p + ".bn3", 4 * w);
-      if (b == 0) {
-        m.add_conv(p + ".downsample", 4 * w, in, 1, 1);
-        bn(p + ".downsample.bn", 4 * w);
-      }
-      in = 4 * w;
-    }
-  m.add_dense("fc.weight", 1000 * 2048).add_dense("fc.bias", 1000, 1);
-  return m;
-}
-
 /// The buckets of the whole-model exchange's plan (4 MiB buckets, exchange::plan's
 /// greedy fusion): with `compressed` the conv layers get a codec bucket of their own
 /// kind (GradiVeQ stands for any codec: the fusion depends only on the kinds).
@@ -113,7 +86,7 @@ std::vector<bucket> plan_buckets(const gx::model_description& m, bool compressed
 }
 
 std::vector<bucket> gradient_buckets(const std::string& spec, bool compressed) {
-  if (spec == "resnet50") return plan_buckets(resnet50(), compressed);
+  if (spec == "resnet50") return plan_buckets(gradcomp::bench::resnet50_model(), compressed);
   if (spec.rfind("floats:", 0) == 0) return {{std::strtoull(spec.c_str() + 7, nullptr, 10), true}};
   throw std::invalid_argument("unknown --gradient '" + spec + "' (resnet50 or floats:<n>)");
 }
