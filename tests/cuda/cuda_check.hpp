@@ -37,5 +37,9 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 void compare_gradiveq();
 /// Runs powersgd_compressor<thrust_cuda> next to powersgd_compressor<seq> (cuda_powersgd.cu).
 void compare_powersgd();
+/// Runs nn1d::cuda::device_sequential next to nn1d::sequential::infer (cuda_nn1d.cu).
+void compare_nn1d();
+/// Runs lgc_device_network next to lgc_network's encode and decode (cuda_nn1d.cu).
+void compare_lgc();
 
 }  // namespace cuda_check

@@ -92,6 +92,8 @@ int main() {
   }
   compare_gradiveq();
   compare_powersgd();
+  compare_nn1d();
+  compare_lgc();
   std::printf("%s\n", failures == 0 ? "thrust_cuda: all codecs agree with seq" : "thrust_cuda: MISMATCHES");
   return failures == 0 ? 0 : 1;
 }

@@ -100,6 +100,12 @@ class basic_lgc_network {
   [[nodiscard]] std::size_t code_positions() const noexcept { return window_ / arch_.reduction(); }
   /// Code floats per window (code_channels * window / 2^depth).
   [[nodiscard]] std::size_t code_length() const noexcept { return arch_.code_channels * code_positions(); }
+  /// The layers themselves, read-only: the encoder E_c, and decoder k's body
+  /// (before the innovation channel is appended) and head. For device copies
+  /// (system/cuda/lgc.hpp); training goes through the losses below.
+  [[nodiscard]] const nn1d::sequential<T>& encoder() const noexcept { return encoder_; }
+  [[nodiscard]] const nn1d::sequential<T>& decoder_body(std::size_t k) const { return bodies_[checked_decoder(k)]; }
+  [[nodiscard]] const nn1d::sequential<T>& decoder_head(std::size_t k) const { return heads_[checked_decoder(k)]; }
 
   /// Encoder E_c (eqs. 3, 8, 17): x is 1 x (B*window), code is code_channels x (B*code_positions).
   void encode(const tensor& x, tensor& code, workspace& ws) const {
@@ -299,6 +305,10 @@ class basic_lgc_network {
   }
 
  private:
+  std::size_t checked_decoder(std::size_t k) const {
+    if (k >= bodies_.size()) throw invalid_argument_error("lgc network: decoder " + std::to_string(k) + " does not exist");
+    return k;
+  }
   void check_windows(const tensor& x, index_type channels, index_type length, const char* what) const {
     if (x.channels() != channels || x.length != length || x.data.cols() == 0 || x.data.cols() % length != 0)
       throw size_mismatch_error(std::string("lgc network ") + what + ": expected " + std::to_string(channels) +
