@@ -65,18 +65,14 @@ struct encode_consts {
   std::uint32_t key_lo, key_hi;
 };
 
-/// qsgd_code for `width` consecutive elements starting at global index e.
+/// qsgd_code for the lanes of v, whose element indices are lo + 2^32 hi
+/// (key_hi = the key's high half ^ hi * 0x9E3779B9, see code_batch).
 template <unsigned Bits>
-inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_consts& c) noexcept {
-  const fbatch v = fbatch::load_unaligned(x);
-  const fbatch a = xsimd::abs(v) * fbatch(k);
+inline ubatch code_lanes(const fbatch& v, const ubatch& lo, const fbatch& k, std::uint32_t key_hi,
+                         const encode_consts& c) noexcept {
+  const fbatch a = xsimd::abs(v) * k;
   const fbatch l = xsimd::floor(a);
   const fbatch p = a - l;
-  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary
-  // and the index's high half is one scalar: bits32_lanes(lo, hi, kl, kh) ==
-  // bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9), which saves a vector multiply.
-  const ubatch lo = ubatch(static_cast<std::uint32_t>(e)) + c.lane;
-  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e >> 32) * 0x9E3779B9u);
   const ubatch rnd = detail::counter_stream::bits32_lanes<ubatch>(lo, ubatch(0u), c.key_lo, key_hi);
   const fbatch u = xsimd::to_float(xsimd::bitwise_cast<ibatch>(rnd >> 8)) * c.inv24;
   const fbatch level = xsimd::min(l + xsimd::select(u < p, c.one, c.zero), c.s);
@@ -85,10 +81,21 @@ inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_
   return lv | (sign << static_cast<int>(Bits - 1));
 }
 
+/// qsgd_code for `width` consecutive elements starting at global index e.
+template <unsigned Bits>
+inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_consts& c) noexcept {
+  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary
+  // and the index's high half is one scalar: bits32_lanes(lo, hi, kl, kh) ==
+  // bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9), which saves a vector multiply.
+  const ubatch lo = ubatch(static_cast<std::uint32_t>(e)) + c.lane;
+  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e >> 32) * 0x9E3779B9u);
+  return code_lanes<Bits>(fbatch::load_unaligned(x), lo, fbatch(k), key_hi, c);
+}
+
 /// The codes of one block (16 words: `rows` rows of 16 elements starting at
 /// x[e0], e0 a multiple of the block) whose elements all lie in one bucket of
-/// scale k, OR-packed into `out`. The same per-lane steps as code_batch, with
-/// the constants hoisted: the bucket-aligned fast path of quantize.
+/// scale k, OR-packed into `out`: code_lanes with the constants hoisted,
+/// the bucket-aligned fast path of quantize.
 template <unsigned Bits>
 inline void code_block(const float* x, std::uint64_t e0, const fbatch& k, const encode_consts& c,
                        std::uint32_t* out) noexcept {
@@ -105,17 +112,8 @@ inline void code_block(const float* x, std::uint64_t e0, const fbatch& k, const 
   for (unsigned row = 0; row < rows; ++row) {
     for (std::size_t m = 0; m < per_row; ++m) {
       const std::size_t off = row * qsgd_lanes + m * width;
-      const fbatch v = fbatch::load_unaligned(x + off);
-      const fbatch a = xsimd::abs(v) * k;
-      const fbatch l = xsimd::floor(a);
-      const fbatch p = a - l;
-      const ubatch lo = base + ubatch(static_cast<std::uint32_t>(off));
-      const ubatch rnd = detail::counter_stream::bits32_lanes<ubatch>(lo, ubatch(0u), c.key_lo, key_hi);
-      const fbatch u = xsimd::to_float(xsimd::bitwise_cast<ibatch>(rnd >> 8)) * c.inv24;
-      const fbatch level = xsimd::min(l + xsimd::select(u < p, c.one, c.zero), c.s);
-      const ubatch lv = xsimd::bitwise_cast<ubatch>(xsimd::to_int(level));
-      const ubatch sign = (xsimd::bitwise_cast<ubatch>(v) >> 31) & mask_bits(level > c.zero);
-      const ubatch code = lv | (sign << static_cast<int>(Bits - 1));
+      const ubatch code = code_lanes<Bits>(fbatch::load_unaligned(x + off), base + ubatch(static_cast<std::uint32_t>(off)),
+                                           k, key_hi, c);
       acc[m] = acc[m] | (code << static_cast<int>(Bits * row));
     }
   }
