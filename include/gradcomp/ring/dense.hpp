@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -190,10 +191,10 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
   std::vector<float> scratch(depth * slot_floats);
   std::vector<send_handle> sends;
   sends.reserve(order.size() + chunks(ring.size(0)));
-  recv_handle recvs[depth];
+  std::optional<recv_handle> recvs[depth];  // optional: a handle type need not be default-constructible
   auto slot = [&](std::size_t i) { return std::span<float>(scratch).subspan((i % depth) * slot_floats, slot_floats); };
   auto post_rs = [&](std::size_t i) {
-    if (i < order.size()) recvs[i % depth] = t.irecv_into(prev, tag_rs, bytes(slot(i)));
+    if (i < order.size()) recvs[i % depth].emplace(t.irecv_into(prev, tag_rs, bytes(slot(i))));
   };
 
   // Reduce-scatter: data[k] += received, chunk by chunk, then sent on from
@@ -204,7 +205,7 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
   for (std::size_t i = 0; i < order.size(); ++i) {
     const int s = order[i].step, k = ring.reduce_scatter_recv(s);
     const std::span<float> own = piece(ring.segment<float>(data, k), order[i].chunk);
-    const std::size_t got = recvs[i % depth].wait();
+    const std::size_t got = recvs[i % depth]->wait();
     ring_check_length(got, own.size(), self, prev, k, "reduce-scatter", s);
     add_into(Policy{}, own, std::span<const float>(slot(i).data(), own.size()));
     post_rs(i + depth);  // the slot's chunk has been added: reuse it
