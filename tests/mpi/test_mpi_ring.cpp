@@ -37,7 +37,7 @@ using namespace gradcomp;
 using namespace std::chrono_literals;
 // bit_equal, inputs (rank r: counter_gaussian(len, seed * 131 + r)), exact_sum, rel_error,
 // low_rank_layer, fitted_codec, rank_samples, compressed_domain_sum; world_rank, world_size,
-// any_rank, with_timeout, stopped, stopping_transport (support/mpi_fixtures.hpp).
+// any_rank, with_timeout, stopped, stopping_transport, run_until_stopped (support/mpi_fixtures.hpp).
 using namespace gradcomp::test_support;
 
 namespace {
@@ -312,8 +312,8 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
       stopping_transport st{&t, r == dead ? k : 1 << 30};
       vec x(40, float(r + 1));
       const auto t0 = std::chrono::steady_clock::now();
-      bool died = false, timed_out = false, other = false;
-      try {
+      // A rank that dies leaves the collective: straight to the barrier below.
+      const auto [died, timed_out, other] = run_until_stopped([&] {
         if (form == 0) {
           ring_allreduce(st, std::span<float>(x));
         } else if (form == 1) {
@@ -323,13 +323,7 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
           sparsifier_with_memory<> c(x.size(), sparsifier_options{.ratio_percent = 50.0});
           ring_allgather_decode(st, c, std::span<float>(x));
         }
-      } catch (const stopped&) {
-        died = true;  // leave the collective: straight to the barrier below
-      } catch (const timeout_error&) {
-        timed_out = true;
-      } catch (const std::exception&) {
-        other = true;
-      }
+      });
       if (r == dead) {
         CHECK(died);
       } else {

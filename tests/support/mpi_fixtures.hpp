@@ -4,12 +4,14 @@
 // transport wrapper whose rank stops participating mid-collective.
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
 #include <mpi.h>
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <utility>
 #include <vector>
@@ -68,5 +70,27 @@ struct stopping_transport {
   }
 };
 static_assert(ZeroCopyTransport<stopping_transport>);
+
+// How a collective call ended on this rank: it died (stopped), it timed out,
+// or some other exception; all false when it returned.
+struct stop_outcome {
+  bool died = false, timed_out = false, other = false;
+};
+
+// Runs `fn` (a collective over a stopping_transport) and says how it ended.
+template <class F>
+stop_outcome run_until_stopped(F&& fn) {
+  stop_outcome o;
+  try {
+    fn();
+  } catch (const stopped&) {
+    o.died = true;  // this rank leaves the collective
+  } catch (const timeout_error&) {
+    o.timed_out = true;
+  } catch (const std::exception&) {
+    o.other = true;
+  }
+  return o;
+}
 
 }  // namespace gradcomp::test_support
