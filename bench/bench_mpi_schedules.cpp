@@ -17,32 +17,13 @@
 #include <gradcomp/transport/mpi.hpp>
 
 #include "common.hpp"
-
-namespace {
-
-template <class F>
-double collective_seconds(int repeats, F&& fn) {
-  double best = 1e300;
-  for (int r = -1; r < repeats; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    fn();
-    double mine = MPI_Wtime() - t0, slowest = 0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (r >= 0) best = std::min(best, slowest);
-  }
-  return best;
-}
-
-}  // namespace
+#include "mpi_common.hpp"
 
 int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
-  int max_mb = 64, repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--max-mb")) max_mb = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
-  }
+  const auto options = gradcomp::bench::parse_mpi_bench_options(argc, argv, {.max_mb = 64, .repeats = 3});
+  const int max_mb = options.max_mb, repeats = options.repeats;
+  using gradcomp::bench::collective_seconds;
   gradcomp::transport::mpi_transport t(MPI_COMM_WORLD);
   const int rank = t.rank(), size = t.size();
   using gradcomp::schedule_kind;
@@ -65,9 +46,9 @@ int main(int argc, char** argv) {
   gradcomp::schedule_decision last_choice;
   int last_mb = 0;
   for (int mb = 4; mb <= max_mb; mb *= 4) {
-    const std::size_t n = std::size_t(mb) * (1u << 20) / sizeof(float);
-    std::vector<float> input(n), data(n);
-    for (std::size_t i = 0; i < n; ++i) input[i] = float((i * 7 + std::size_t(rank) * 13) % 101) - 50.0f;
+    const std::vector<float> input = gradcomp::bench::mpi_bench_input(mb, rank);
+    const std::size_t n = input.size();
+    std::vector<float> data(n);
     std::vector<double> s;
     for (const auto& o : kinds)
       s.push_back(collective_seconds(repeats, [&] {

@@ -32,8 +32,12 @@
 /// Copies: over a plain Transport (inproc), which moves whole byte vectors,
 /// received buffers are summed into and forwarded as they are, so a rank
 /// copies only its first segment of each phase and the all-gather's segments
-/// into `data`. Over a ZeroCopyTransport (MPI) it sends from `data` and
-/// receives into `data` or two scratch segments: no copies at all.
+/// into `data` (the first send's buffer is the one the thread's previous
+/// call received last: no allocation in a loop). Over a ZeroCopyTransport
+/// (MPI) it sends from `data` and receives into `data` or four chunk-sized
+/// scratch buffers: no copies at all; there every segment goes as messages
+/// of at most 256 KiB (detail::ring_zero_copy_chunk), and each chunk is
+/// added and forwarded while the next ones arrive (same sums, same bits).
 ///
 /// Errors: a received segment whose byte length is not the expected one (the
 /// ranks disagree on the length) throws transport_error naming both; transport

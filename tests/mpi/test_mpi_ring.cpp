@@ -19,6 +19,7 @@
 #include <gradcomp/two_bit.hpp>
 
 #include <support/equality.hpp>
+#include <support/mpi_fixtures.hpp>
 #include <support/ring_fixtures.hpp>
 
 #include <mpi.h>
@@ -34,21 +35,14 @@
 
 using namespace gradcomp;
 using namespace std::chrono_literals;
+// bit_equal, inputs (rank r: counter_gaussian(len, seed * 131 + r)), exact_sum, rel_error,
+// low_rank_layer, fitted_codec, rank_samples, compressed_domain_sum; world_rank, world_size,
+// any_rank, with_timeout, stopped, stopping_transport, run_until_stopped (support/mpi_fixtures.hpp).
+using namespace gradcomp::test_support;
 
 namespace {
 
 using vec = std::vector<float>;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // FNV-1a of the length and the bytes: equal hashes on every rank <=> (with
 // overwhelming probability) the same bits on every rank.
@@ -71,16 +65,6 @@ bool same_on_every_rank(std::span<const float> x) {
   return std::all_of(all.begin(), all.end(), [&](std::uint64_t h) { return h == all.front(); });
 }
 
-// True on every rank iff `flag` is true on some rank.
-bool any_rank(bool flag) {
-  int mine = flag ? 1 : 0, any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any != 0;
-}
-
-// bit_equal, inputs (rank r: counter_gaussian(len, seed * 131 + r)), exact_sum, rel_error,
-// low_rank_layer, fitted_codec, rank_samples, compressed_domain_sum.
-using namespace gradcomp::test_support;
 
 // The plain ring's documented result: segment j summed as
 // ((x_j + x_{j+1}) + x_{j+2}) + ... + x_{j-1} (ranks mod N), then / N if averaging.
@@ -98,40 +82,6 @@ vec ring_order_sum(const std::vector<vec>& x, bool average) {
   return out;
 }
 
-transport::mpi_transport_options with_timeout(std::chrono::milliseconds t) {
-  transport::mpi_transport_options o;
-  o.timeout = t;
-  return o;
-}
-
-// A rank's way of leaving a collective mid-way.
-struct stopped {};
-
-// Forwards to an mpi_transport and "dies" (throws stopped) at the send after
-// `sends_before_death` sends: the rank stops participating mid-ring.
-struct stopping_transport {
-  transport::mpi_transport* t;
-  int sends_before_death;
-  int sent = 0;
-  int rank() const { return t->rank(); }
-  int size() const { return t->size(); }
-  void count() {
-    if (sent++ >= sends_before_death) throw stopped{};
-  }
-  transport::mpi_transport::send_handle isend(int dest, int tag, std::vector<std::byte>&& b) {
-    count();
-    return t->isend(dest, tag, std::move(b));
-  }
-  transport::mpi_transport::recv_handle irecv(int source, int tag) { return t->irecv(source, tag); }
-  transport::mpi_transport::send_handle isend_view(int dest, int tag, std::span<const std::byte> b) {
-    count();
-    return t->isend_view(dest, tag, b);
-  }
-  transport::mpi_transport::recv_into_handle irecv_into(int source, int tag, std::span<std::byte> b) {
-    return t->irecv_into(source, tag, b);
-  }
-};
-static_assert(ZeroCopyTransport<stopping_transport>);
 
 }  // namespace
 
@@ -362,8 +312,8 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
       stopping_transport st{&t, r == dead ? k : 1 << 30};
       vec x(40, float(r + 1));
       const auto t0 = std::chrono::steady_clock::now();
-      bool died = false, timed_out = false, other = false;
-      try {
+      // A rank that dies leaves the collective: straight to the barrier below.
+      const auto [died, timed_out, other] = run_until_stopped([&] {
         if (form == 0) {
           ring_allreduce(st, std::span<float>(x));
         } else if (form == 1) {
@@ -373,13 +323,7 @@ TEST_CASE("mpi ring: a rank that stops mid-ring makes the others fail with timeo
           sparsifier_with_memory<> c(x.size(), sparsifier_options{.ratio_percent = 50.0});
           ring_allgather_decode(st, c, std::span<float>(x));
         }
-      } catch (const stopped&) {
-        died = true;  // leave the collective: straight to the barrier below
-      } catch (const timeout_error&) {
-        timed_out = true;
-      } catch (const std::exception&) {
-        other = true;
-      }
+      });
       if (r == dead) {
         CHECK(died);
       } else {

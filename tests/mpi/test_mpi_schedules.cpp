@@ -15,6 +15,7 @@
 
 #include <support/equality.hpp>
 #include <support/exchange_fixtures.hpp>
+#include <support/mpi_fixtures.hpp>
 #include <support/ring_fixtures.hpp>
 
 #include <mpi.h>
@@ -39,17 +40,6 @@ namespace {
 
 using vec = std::vector<float>;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 // True on every rank iff every rank holds the same bits in `x` (rank 0's
 // bits broadcast and compared).
 bool same_on_every_rank(std::span<const float> x) {
@@ -67,37 +57,6 @@ double max_rel(const vec& got, const vec& want) {
   return worst;
 }
 
-transport::mpi_transport_options with_timeout(std::chrono::milliseconds t) {
-  transport::mpi_transport_options o;
-  o.timeout = t;
-  return o;
-}
-
-struct stopped {};
-
-// Forwards to an mpi_transport and throws `stopped` at its send number `sends_before_death`.
-struct stopping_transport {
-  transport::mpi_transport* t;
-  int sends_before_death;
-  int sent = 0;
-  int rank() const { return t->rank(); }
-  int size() const { return t->size(); }
-  void count() {
-    if (sent++ >= sends_before_death) throw stopped{};
-  }
-  transport::mpi_transport::send_handle isend(int dest, int tag, std::vector<std::byte>&& b) {
-    count();
-    return t->isend(dest, tag, std::move(b));
-  }
-  transport::mpi_transport::recv_handle irecv(int source, int tag) { return t->irecv(source, tag); }
-  transport::mpi_transport::send_handle isend_view(int dest, int tag, std::span<const std::byte> b) {
-    count();
-    return t->isend_view(dest, tag, b);
-  }
-  transport::mpi_transport::recv_into_handle irecv_into(int source, int tag, std::span<std::byte> b) {
-    return t->irecv_into(source, tag, b);
-  }
-};
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -190,16 +149,8 @@ TEST_CASE("mpi schedules: a rank that stops mid-Rabenseifner makes the others fa
     stopping_transport st{&t, r == dead ? sends : 1 << 30};
     vec x(40, float(r + 1));
     const auto t0 = std::chrono::steady_clock::now();
-    bool died = false, timed_out = false, other = false;
-    try {
-      rabenseifner_allreduce(st, std::span<float>(x), {.chunk_elements = 8});
-    } catch (const stopped&) {
-      died = true;
-    } catch (const timeout_error&) {
-      timed_out = true;
-    } catch (const std::exception&) {
-      other = true;
-    }
+    const auto [died, timed_out, other] =
+        run_until_stopped([&] { rabenseifner_allreduce(st, std::span<float>(x), {.chunk_elements = 8}); });
     if (r == dead) {
       CHECK(died);
     } else if (n > 2 || sends == 0) {

@@ -5,9 +5,11 @@
 /// a Transport that moves byte vectors or a ZeroCopyTransport.
 /// Part of <gradcomp/ring_allreduce.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -23,10 +25,25 @@ namespace gradcomp {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
-/// Bytes of a float span, copied into a new buffer (no zero-fill first).
-inline std::vector<std::byte> ring_bytes_of(std::span<const float> x) {
+/// The calling thread's spare buffer of the moving ring: every call ends
+/// with one received segment that is not forwarded, and the next call on
+/// the same thread sends its first segment in it. In a training loop this
+/// saves a segment-sized allocation per call, which the allocator would
+/// otherwise hand back to the kernel and page-fault in again (a 16 MB
+/// segment: 4096 page faults and zero-filled pages per call). It holds at
+/// most one segment per thread that ran the ring.
+inline std::vector<std::byte>& ring_thread_spare() {
+  thread_local std::vector<std::byte> spare;
+  return spare;
+}
+
+/// Bytes of a float span, copied into the thread's spare buffer (its
+/// storage is reused when it is large enough).
+inline std::vector<std::byte> ring_bytes_of_reusing(std::span<const float> x) {
+  std::vector<std::byte> b = std::move(ring_thread_spare());
   const auto* p = reinterpret_cast<const std::byte*>(x.data());
-  return std::vector<std::byte>(p, p + x.size_bytes());
+  b.assign(p, p + x.size_bytes());
+  return b;
 }
 
 /// Throws transport_error unless a received segment has the expected length.
@@ -77,7 +94,7 @@ void ring_allreduce_moving(T& t, std::span<float> data, const ring_schedule& rin
   // Reduce-scatter. Step 0 sends a copy of the own segment; later steps add
   // the own segment into the received buffer and forward that buffer (moved:
   // no copy). The last step adds into `data` instead, completing the owned segment.
-  sends.push_back(t.isend(next, tag_rs, ring_bytes_of(ring.segment<float>(data, ring.reduce_scatter_send(0)))));
+  sends.push_back(t.isend(next, tag_rs, ring_bytes_of_reusing(ring.segment<float>(data, ring.reduce_scatter_send(0)))));
   std::vector<std::byte> spare;  // the last received buffer, reused for the all-gather's first send
   std::vector<float> unaligned;  // only used if a buffer is not float-aligned
   for (int s = 0; s < steps; ++s) {
@@ -121,65 +138,105 @@ void ring_allreduce_moving(T& t, std::span<float> data, const ring_schedule& rin
     message m = ag_recv[static_cast<std::size_t>(s)].wait();
     ring_check_length(m.bytes.size(), ring.size(k), self, m.source, k, "all-gather", s);
     ring_copy_out(m.bytes, ring.segment<float>(data, k));
-    if (s + 1 < steps) sends.push_back(t.isend(next, tag_ag, std::move(m.bytes)));
+    if (s + 1 < steps)
+      sends.push_back(t.isend(next, tag_ag, std::move(m.bytes)));
+    else
+      ring_thread_spare() = std::move(m.bytes);  // the next call's first send (see ring_thread_spare)
   }
   for (auto& h : sends) h.wait();
 }
 
-/// The ring over a ZeroCopyTransport (MPI): sends straight from `data`,
-/// reduce-scatter receives into two alternating scratch segments (the next
-/// receive is posted before the current one is added), all-gather receives
-/// straight into `data`. No copies, two segment-sized allocations.
+/// Floats per message of the ring over a ZeroCopyTransport: each hop's
+/// segment goes as chunks of at most this many floats (256 KiB), so that a
+/// chunk is added and forwarded while the next ones are on the wire.
+inline constexpr std::size_t ring_zero_copy_chunk = std::size_t{1} << 16;
+/// Reduce-scatter receives in flight (each into its own chunk of scratch).
+inline constexpr std::size_t ring_zero_copy_depth = 4;
+
+/// The ring over a ZeroCopyTransport (MPI), chunk-pipelined: every hop's
+/// segment goes as chunks of ring_zero_copy_chunk floats, sent straight from
+/// `data`. The reduce-scatter receives into a few chunk-sized scratch buffers
+/// (ring_zero_copy_depth of them, posted ahead; small enough to stay in
+/// cache until the addition reads them), adds each chunk into `data` as soon
+/// as it is there and forwards it from there; the all-gather receives
+/// straight into `data` and forwards each chunk as it arrives. The additions
+/// are the plain ring's, element by element in the same order: the result
+/// is bit for bit the same as with whole segments.
 template <class Policy, class T>
 void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
   const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
   const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
+  constexpr std::size_t chunk = ring_zero_copy_chunk, depth = ring_zero_copy_depth;
+  auto chunks = [&](std::size_t len) { return len == 0 ? std::size_t{1} : (len + chunk - 1) / chunk; };
+  auto piece = [&](std::span<float> seg, std::size_t c) {
+    const std::size_t b = std::min(seg.size(), c * chunk);
+    return seg.subspan(b, std::min(chunk, seg.size() - b));
+  };
   auto bytes = [](std::span<float> x) { return std::as_writable_bytes(x); };
   auto cbytes = [](std::span<float> x) { return std::as_bytes(x); };
   using recv_handle = decltype(t.irecv_into(prev, tag_rs, std::span<std::byte>{}));
   using send_handle = decltype(t.isend_view(next, tag_rs, std::span<const std::byte>{}));
 
-  // Declared before the handles: a pending handle may still use them when destroyed.
-  std::vector<float> scratch[2];
-  scratch[0].resize(ring.size(0));  // segment 0 is a largest one
-  scratch[1].resize(steps > 1 ? ring.size(0) : 0);
-  std::vector<send_handle> sends;
-  sends.reserve(static_cast<std::size_t>(steps));
-  std::vector<recv_handle> recvs;
-  recvs.reserve(static_cast<std::size_t>(steps));
+  // The reduce-scatter's receives as one sequence of (step, chunk) messages.
+  struct rs_message {
+    int step;
+    std::size_t chunk;
+  };
+  std::vector<rs_message> order;
+  for (int s = 0; s < steps; ++s)
+    for (std::size_t c = 0; c < chunks(ring.size(ring.reduce_scatter_recv(s))); ++c) order.push_back({s, c});
+  const std::size_t slot_floats = std::min(chunk, ring.size(0));  // segment 0 is a largest one
 
-  // Reduce-scatter: data[k] += received, then data[k] is sent on. Every
-  // segment but the owned one is overwritten by the all-gather afterwards.
-  recvs.push_back(t.irecv_into(prev, tag_rs, bytes(scratch[0])));
-  sends.push_back(t.isend_view(next, tag_rs, cbytes(ring.segment<float>(data, ring.reduce_scatter_send(0)))));
-  for (int s = 0; s < steps; ++s) {
-    if (s + 1 < steps) recvs.push_back(t.irecv_into(prev, tag_rs, bytes(scratch[(s + 1) % 2])));
-    const int k = ring.reduce_scatter_recv(s);
-    const std::size_t got = recvs[static_cast<std::size_t>(s)].wait();
-    ring_check_length(got, ring.size(k), self, prev, k, "reduce-scatter", s);
-    const std::span<float> own = ring.segment<float>(data, k);
-    add_into(Policy{}, own, std::span<const float>(scratch[s % 2].data(), own.size()));
+  // Declared before the handles: a pending handle may still use them when destroyed.
+  std::vector<float> scratch(depth * slot_floats);
+  std::vector<send_handle> sends;
+  sends.reserve(order.size() + chunks(ring.size(0)));
+  std::optional<recv_handle> recvs[depth];  // optional: a handle type need not be default-constructible
+  auto slot = [&](std::size_t i) { return std::span<float>(scratch).subspan((i % depth) * slot_floats, slot_floats); };
+  auto post_rs = [&](std::size_t i) {
+    if (i < order.size()) recvs[i % depth].emplace(t.irecv_into(prev, tag_rs, bytes(slot(i))));
+  };
+
+  // Reduce-scatter: data[k] += received, chunk by chunk, then sent on from
+  // data[k]. Every segment but the owned one is overwritten by the all-gather.
+  for (std::size_t i = 0; i < depth; ++i) post_rs(i);
+  const std::span<float> first = ring.segment<float>(data, ring.reduce_scatter_send(0));
+  for (std::size_t c = 0; c < chunks(first.size()); ++c) sends.push_back(t.isend_view(next, tag_rs, cbytes(piece(first, c))));
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int s = order[i].step, k = ring.reduce_scatter_recv(s);
+    const std::span<float> own = piece(ring.segment<float>(data, k), order[i].chunk);
+    const std::size_t got = recvs[i % depth]->wait();
+    ring_check_length(got, own.size(), self, prev, k, "reduce-scatter", s);
+    add_into(Policy{}, own, std::span<const float>(slot(i).data(), own.size()));
+    post_rs(i + depth);  // the slot's chunk has been added: reuse it
     if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_rs, cbytes(own)));
   }
   // The all-gather receives into segments sent above: those sends must be done.
   for (auto& h : sends) h.wait();
   sends.clear();
-  recvs.clear();
 
   const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
   if (options.average) ring_average(mine, ring.size());
 
-  // All-gather: receive each segment into place, forward it from there.
-  for (int s = 0; s < steps; ++s)
-    recvs.push_back(t.irecv_into(prev, tag_ag, bytes(ring.segment<float>(data, ring.all_gather_recv(s)))));
-  sends.push_back(t.isend_view(next, tag_ag, cbytes(mine)));
+  // All-gather: receive each chunk into place, forward it from there.
+  std::vector<recv_handle> ag;
+  for (int s = 0; s < steps; ++s) {
+    const std::span<float> seg = ring.segment<float>(data, ring.all_gather_recv(s));
+    for (std::size_t c = 0; c < chunks(seg.size()); ++c) ag.push_back(t.irecv_into(prev, tag_ag, bytes(piece(seg, c))));
+  }
+  for (std::size_t c = 0; c < chunks(mine.size()); ++c) sends.push_back(t.isend_view(next, tag_ag, cbytes(piece(mine, c))));
+  std::size_t h = 0;
   for (int s = 0; s < steps; ++s) {
     const int k = ring.all_gather_recv(s);
-    const std::size_t got = recvs[static_cast<std::size_t>(s)].wait();
-    ring_check_length(got, ring.size(k), self, prev, k, "all-gather", s);
-    if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(ring.segment<float>(data, k))));
+    const std::span<float> seg = ring.segment<float>(data, k);
+    for (std::size_t c = 0; c < chunks(seg.size()); ++c, ++h) {
+      const std::span<float> part = piece(seg, c);
+      const std::size_t got = ag[h].wait();
+      ring_check_length(got, part.size(), self, prev, k, "all-gather", s);
+      if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(part)));
+    }
   }
-  for (auto& h : sends) h.wait();
+  for (auto& sh : sends) sh.wait();
 }
 
 GRADCOMP_ABI_NAMESPACE_END

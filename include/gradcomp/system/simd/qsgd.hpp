@@ -65,24 +65,59 @@ struct encode_consts {
   std::uint32_t key_lo, key_hi;
 };
 
-/// qsgd_code for `width` consecutive elements starting at global index e.
+/// qsgd_code for the lanes of v, whose element indices are lo + 2^32 hi
+/// (key_hi = the key's high half ^ hi * 0x9E3779B9, see code_batch).
 template <unsigned Bits>
-inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_consts& c) noexcept {
-  const fbatch v = fbatch::load_unaligned(x);
-  const fbatch a = xsimd::abs(v) * fbatch(k);
+inline ubatch code_lanes(const fbatch& v, const ubatch& lo, const fbatch& k, std::uint32_t key_hi,
+                         const encode_consts& c) noexcept {
+  const fbatch a = xsimd::abs(v) * k;
   const fbatch l = xsimd::floor(a);
   const fbatch p = a - l;
-  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary
-  // and the index's high half is one scalar: bits32_lanes(lo, hi, kl, kh) ==
-  // bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9), which saves a vector multiply.
-  const ubatch lo = ubatch(static_cast<std::uint32_t>(e)) + c.lane;
-  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e >> 32) * 0x9E3779B9u);
   const ubatch rnd = detail::counter_stream::bits32_lanes<ubatch>(lo, ubatch(0u), c.key_lo, key_hi);
   const fbatch u = xsimd::to_float(xsimd::bitwise_cast<ibatch>(rnd >> 8)) * c.inv24;
   const fbatch level = xsimd::min(l + xsimd::select(u < p, c.one, c.zero), c.s);
   const ubatch lv = xsimd::bitwise_cast<ubatch>(xsimd::to_int(level));
   const ubatch sign = (xsimd::bitwise_cast<ubatch>(v) >> 31) & mask_bits(level > c.zero);
   return lv | (sign << static_cast<int>(Bits - 1));
+}
+
+/// qsgd_code for `width` consecutive elements starting at global index e.
+template <unsigned Bits>
+inline ubatch code_batch(const float* x, std::uint64_t e, float k, const encode_consts& c) noexcept {
+  // Rows start at multiples of 16, so a batch never crosses a 2^32 boundary
+  // and the index's high half is one scalar: bits32_lanes(lo, hi, kl, kh) ==
+  // bits32_lanes(lo, 0, kl, kh ^ hi * 0x9E3779B9), which saves a vector multiply.
+  const ubatch lo = ubatch(static_cast<std::uint32_t>(e)) + c.lane;
+  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e >> 32) * 0x9E3779B9u);
+  return code_lanes<Bits>(fbatch::load_unaligned(x), lo, fbatch(k), key_hi, c);
+}
+
+/// The codes of one block (16 words: `rows` rows of 16 elements starting at
+/// x[e0], e0 a multiple of the block) whose elements all lie in one bucket of
+/// scale k, OR-packed into `out`: code_lanes with the constants hoisted,
+/// the bucket-aligned fast path of quantize.
+template <unsigned Bits>
+inline void code_block(const float* x, std::uint64_t e0, const fbatch& k, const encode_consts& c,
+                       std::uint32_t* out) noexcept {
+  constexpr unsigned rows = 32 / Bits;
+  // A block is a power of two (<= 256) elements aligned on its size, so its
+  // indices share their high half: one scalar key per block (see code_batch).
+  const std::uint32_t key_hi = c.key_hi ^ (static_cast<std::uint32_t>(e0 >> 32) * 0x9E3779B9u);
+  const ubatch base = ubatch(static_cast<std::uint32_t>(e0)) + c.lane;
+  ubatch acc[per_row];
+  for (auto& a : acc) a = ubatch(0u);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 8
+#endif
+  for (unsigned row = 0; row < rows; ++row) {
+    for (std::size_t m = 0; m < per_row; ++m) {
+      const std::size_t off = row * qsgd_lanes + m * width;
+      const ubatch code = code_lanes<Bits>(fbatch::load_unaligned(x + off), base + ubatch(static_cast<std::uint32_t>(off)),
+                                           k, key_hi, c);
+      acc[m] = acc[m] | (code << static_cast<int>(Bits * row));
+    }
+  }
+  for (std::size_t m = 0; m < per_row; ++m) acc[m].store_unaligned(out + m * width);
 }
 
 /// qsgd_value for a batch of codes.
@@ -137,7 +172,24 @@ qsgd_quantize_result quantize(std::span<const float> x, const qsgd_params& p, st
   float k_cur = 0.0f;
   bool k_valid = false;
   const std::size_t full_blocks = n / block;
-  for (std::size_t blk = 0; blk < full_blocks; ++blk) {
+  std::size_t blk = 0;
+  // Fast path: buckets that are whole blocks (bucket_size a multiple of the
+  // block, e.g. the default 512): per bucket the scan and norm, then its
+  // blocks with no per-row bucket bookkeeping. The rest (a final partial
+  // bucket, or every bucket when they do not align) takes the general loop.
+  if (bs % block == 0) {
+    const std::size_t aligned_buckets = n / bs;
+    for (; next_bucket < aligned_buckets;) {
+      const std::size_t b = next_bucket;
+      if (auto r = ensure_norms(b * bs + 1); !r.ok()) return r;
+      const fbatch k(qsgd_scale(norms[b], p.levels));
+      for (std::size_t e0 = b * bs; e0 < (b + 1) * bs; e0 += block)
+        code_block<Bits>(x.data() + e0, e0, k, c, words.data() + (e0 / block) * qsgd_lanes);
+    }
+    blk = aligned_buckets * (bs / block);
+    cur = aligned_buckets;
+  }
+  for (; blk < full_blocks; ++blk) {
     ubatch acc[per_row];
     for (auto& a : acc) a = ubatch(0u);
     for (unsigned row = 0; row < rows; ++row) {
