@@ -15,8 +15,10 @@ with weights that differ between the ranks, or with non-finite weights.
 
 Runs are cheap: the worker processes stay alive across runs and hooks; each
 run makes a fresh process group on a fresh key prefix of one TCP store (the
-parent holds it). After a failed run the pool is killed and started again, so
-one failure cannot leak into the next run. A built-in hook that this torch
+parent holds it). After a failed run the pool is killed and started again
+(forked from a forkserver that has torch loaded), so one failure cannot leak
+into the next run; the first rank that raises ends the run at once (the others
+would wait for the gloo timeout). A built-in hook that this torch
 cannot run on gloo (a dtype gloo cannot sum) is reported as unsupported, not
 as a failure. Prints a table and RESULT lines:
 torch_ddp_<hook>_failures_<world>r (failed/runs), torch_ddp_gradcomp_hook_failures
@@ -165,6 +167,11 @@ class Pool:
             p.join(timeout=5)
         self.procs = []
 
+    @staticmethod
+    def _raised(rank, out):
+        where = out[2].strip().splitlines()[-3:-1] if len(out) > 2 else []
+        return f"rank {rank}: {out[1]} ({' / '.join(x.strip() for x in where)})"
+
     def run(self, hook, run, deadline_s):
         """One training on every rank: (outcome, detail, buckets). outcome: ok, unsupported, raised,
         wrong, crashed, hang."""
@@ -177,6 +184,10 @@ class Pool:
                 rank, r, out = self.results.get(timeout=0.2)
                 if r == run:
                     got[rank] = out
+                if out[0] == "raised":  # the others may wait for the gloo timeout: do not wait for them
+                    time.sleep(0.5)
+                    self.start()
+                    return "raised", self._raised(rank, out), None
                 continue
             except queue_module.Empty:
                 pass
@@ -195,9 +206,7 @@ class Pool:
         raised = [(r, o) for r, o in enumerate(outs) if o[0] != "ok"]
         if raised:
             self.start()  # the group may be half broken: fresh processes for the next run
-            r, o = raised[0]
-            where = o[2].strip().splitlines()[-3:-1] if len(o) > 2 else []
-            return "raised", f"rank {r}: {o[1]} ({' / '.join(x.strip() for x in where)})", None
+            return "raised", self._raised(*raised[0]), None
         vals = [o[1] for o in outs]
         if len({v["digest"] for v in vals}) != 1 or not all(v["finite"] for v in vals):
             return "wrong", "weights differ between ranks or are not finite", vals[0]["buckets"]

@@ -54,7 +54,7 @@ def small_resnet():
     return mod.SmallResNet()
 
 
-def make_state(codec, model, gradiveq_schedule=(20, 10, 200)):
+def make_state(codec, model, gradiveq_schedule=(20, 10, 200), powersgd_start=10):
     import gradcomp.torch as gt
     warm, lt, lc = gradiveq_schedule
     return {
@@ -64,7 +64,7 @@ def make_state(codec, model, gradiveq_schedule=(20, 10, 200)):
         "qsgd": lambda: gt.QSGDState(model, bits=4),
         "two_bit": lambda: gt.TwoBitState(model, auto_scale=1.0),
         "top_k": lambda: gt.TopKState(model, ratio_percent=1.0),
-        "powersgd": lambda: gt.PowerSGDState(model, rank=2, start_iter=10),
+        "powersgd": lambda: gt.PowerSGDState(model, rank=2, start_iter=powersgd_start),
         "fp16": lambda: gt.FP16State(model),
         "bf16": lambda: gt.BF16State(model),
         "homomorphic": lambda: gt.HomomorphicState(model),
@@ -247,8 +247,8 @@ def resnet50_worker(rank, world, args):
         if name == "bf16" and not gt.supports_all_reduce(torch.bfloat16):
             results[name] = None
             continue
-        # GradiVeQ: a short schedule so that the run reaches the fit and compressed steps
-        state = make_state(name, model, gradiveq_schedule=(1, 3, 200))
+        # GradiVeQ and PowerSGD: short starts so that the run reaches their compressed steps
+        state = make_state(name, model, gradiveq_schedule=(1, 3, 200), powersgd_start=2)
         own, phases = [], []
         for step in range(args.steps):
             before = state.overhead()["own"]
