@@ -7,7 +7,9 @@ python/tests (about 31k parameters, DDP ``bucket_cap_mb`` 0.02 so the net is
 spread over at least 4 buckets; counted and reported) for 20 steps, RUNS times
 at 2 ranks and RUNS4 times at 4 ranks, on gloo over localhost with a process
 group timeout of 10 s. A run fails when any rank crashes or aborts, raises
-(a gloo timeout included), does not report within the deadline (a hang), ends
+(a gloo timeout included), hangs (once every rank finished its first step, no
+rank finishes a step for 12 s, past the gloo timeout, and the run has not
+ended; 120 s for the first step), ends
 with weights that differ between the ranks, or with non-finite weights.
 
     python python/bench/bench_ddp_failures.py                       # 50 runs at 2 ranks, 20 at 4, every hook
@@ -81,7 +83,7 @@ def _make(hook, model):
     return state, (ps.powerSGD_hook if hook == "builtin_powersgd" else ps.batched_powerSGD_hook)
 
 
-def _one_run(rank, world, hook, run, store):
+def _one_run(rank, world, hook, run, store, progress=None):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from ddp_harness import Net, data
@@ -106,13 +108,15 @@ def _one_run(rank, world, hook, run, store):
             opt.zero_grad()
             F.cross_entropy(ddp(x), y).backward()
             opt.step()
+            if progress is not None:
+                progress.value += 1
         finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
         return {"digest": _digest(model), "finite": finite, "buckets": len(buckets)}
     finally:
         dist.destroy_process_group()
 
 
-def _worker(rank, world, port, tasks, results, log):
+def _worker(rank, world, port, tasks, results, log, progress):
     sys.path.insert(0, str(HERE.parent / "tests"))
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)  # a crash's message (gloo's abort, terminate called ...) goes to the log
@@ -124,7 +128,7 @@ def _worker(rank, world, port, tasks, results, log):
             return
         hook, run = task
         try:
-            out = ("ok", _one_run(rank, world, hook, run, store))
+            out = ("ok", _one_run(rank, world, hook, run, store, progress))
         except NotImplementedError as e:
             out = ("unsupported", str(e))
         except BaseException as e:  # noqa: BLE001 - a failed run is counted
@@ -154,8 +158,10 @@ class Pool:
         self.stop()
         self.tasks = [self.ctx.Queue() for _ in range(self.world)]
         self.results = self.ctx.Queue()
+        self.progress = [self.ctx.Value("q", 0, lock=False) for _ in range(self.world)]  # steps done, per rank
         self.procs = [self.ctx.Process(target=_worker, args=(r, self.world, self.port, self.tasks[r], self.results,
-                                                             self.log), daemon=True) for r in range(self.world)]
+                                                             self.log, self.progress[r]), daemon=True)
+                      for r in range(self.world)]
         for p in self.procs:
             p.start()
         self.starts += 1
@@ -178,8 +184,17 @@ class Pool:
         for q in self.tasks:
             q.put((hook, run))
         got = {}
-        deadline = time.monotonic() + deadline_s
+        seen = [v.value for v in self.progress]
+        # until every rank finished its first step (process start, imports, process group, DDP): 120 s;
+        # then pushed back by deadline_s whenever a rank finishes a step
+        first = list(seen)
+        deadline = time.monotonic() + 120.0
         while len(got) < self.world:
+            now = [v.value for v in self.progress]
+            if now != seen:
+                seen = now
+                if all(a > b for a, b in zip(now, first)):
+                    deadline = time.monotonic() + deadline_s
             try:
                 rank, r, out = self.results.get(timeout=0.2)
                 if r == run:
@@ -199,7 +214,8 @@ class Pool:
                 return "crashed", f"rank(s) {dead} died, exit codes {codes}", None
             if time.monotonic() > deadline:
                 self.start()
-                return "hang", f"ranks {sorted(set(range(self.world)) - set(got))} silent for {deadline_s} s", None
+                return "hang", (f"ranks {sorted(set(range(self.world)) - set(got))} silent, no rank finished a step "
+                                f"for {deadline_s} s"), None
         outs = [got[r] for r in range(self.world)]
         if all(o[0] == "unsupported" for o in outs):
             return "unsupported", outs[0][1], None
@@ -213,7 +229,7 @@ class Pool:
         return "ok", "", vals[0]["buckets"]
 
 
-def measure(world, runs, hooks, log, deadline_s=25.0, progress=True):
+def measure(world, runs, hooks, log, deadline_s=12.0, progress=True):
     """{hook: {"runs", "failures", "kinds", "buckets", "unsupported", "first_error", "seconds"}}."""
     pool = Pool(world, log)
     out = {}
@@ -257,8 +273,9 @@ def main():
     ap.add_argument("--runs", type=int, default=50, help="runs of 2 ranks per hook")
     ap.add_argument("--runs4", type=int, default=20, help="runs of 4 ranks per hook")
     ap.add_argument("--hooks", default=",".join(GRADCOMP + BUILTIN))
-    ap.add_argument("--deadline", type=float, default=25.0,
-                    help="seconds a run may stay silent before it counts as a hang (2.5 x the gloo timeout)")
+    ap.add_argument("--deadline", type=float, default=12.0,
+                    help="seconds without any rank finishing a step before a run counts as a hang (the gloo "
+                         "timeout is 10 s: a collective that waits longer than that should have raised)")
     ap.add_argument("--log", default="ddp_failures_workers.log", help="the workers' stderr")
     args = ap.parse_args()
     hooks = [h for h in args.hooks.split(",") if h]
