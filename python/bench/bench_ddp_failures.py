@@ -89,31 +89,28 @@ def _one_run(rank, world, hook, run, store, progress=None):
     from ddp_harness import Net, data
     dist.init_process_group("gloo", store=dist.PrefixStore(f"run{run}", store), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-    try:
-        torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * 1024 * 1024)  # torch 1.x caps bucket 0
-        torch.manual_seed(run)
-        model = Net()
-        ddp = DDP(model, bucket_cap_mb=CAP_MB)
-        state, fn = _make(hook, model)
-        buckets = set()
+    torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * 1024 * 1024)  # torch 1.x caps bucket 0
+    torch.manual_seed(run)
+    model = Net()
+    ddp = DDP(model, bucket_cap_mb=CAP_MB)
+    state, fn = _make(hook, model)
+    buckets = set()
 
-        def counting(st, bucket):
-            buckets.add(bucket.index())
-            return fn(st, bucket)
+    def counting(st, bucket):
+        buckets.add(bucket.index())
+        return fn(st, bucket)
 
-        ddp.register_comm_hook(state, counting)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        for step in range(STEPS):
-            x, y = data(rank, step + 100 * run)
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            if progress is not None:
-                progress.value += 1
-        finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        return {"digest": _digest(model), "finite": finite, "buckets": len(buckets)}
-    finally:
-        dist.destroy_process_group()
+    ddp.register_comm_hook(state, counting)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(rank, step + 100 * run)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        if progress is not None:
+            progress.value += 1
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return {"digest": _digest(model), "finite": finite, "buckets": len(buckets)}
 
 
 def _worker(rank, world, port, tasks, results, log, progress):
@@ -133,7 +130,13 @@ def _worker(rank, world, port, tasks, results, log, progress):
             out = ("unsupported", str(e))
         except BaseException as e:  # noqa: BLE001 - a failed run is counted
             out = ("raised", f"{type(e).__name__}: {str(e)[:300]}", traceback.format_exc(limit=4))
-        results.put((rank, run, out))
+        results.put((rank, run, out))  # before the teardown: torch 1.13's destroy_process_group can stall
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except BaseException:  # noqa: BLE001
+            pass
+        results.put((rank, run, ("idle",)))
 
 
 class Pool:
@@ -152,6 +155,8 @@ class Pool:
         self.ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "numpy"])
         self.procs = []
         self.starts = 0
+        self.teardown_stalls = 0
+        self.idle = set()
         self.start()
 
     def start(self):
@@ -197,9 +202,15 @@ class Pool:
                     deadline = time.monotonic() + deadline_s
             try:
                 rank, r, out = self.results.get(timeout=0.2)
+                if out[0] == "idle":
+                    self.idle.add((rank, r))
+                    continue
                 if r == run:
                     got[rank] = out
-                if out[0] == "raised":  # the others may wait for the gloo timeout: do not wait for them
+                if out[0] == "unsupported":  # the same on every rank; the others may stall in the probe
+                    time.sleep(0.5)
+                    self.start()
+                    return "unsupported", out[1], None  # the others may wait for the gloo timeout: do not wait for them
                     time.sleep(0.5)
                     self.start()
                     return "raised", self._raised(rank, out), None
@@ -223,6 +234,19 @@ class Pool:
         if raised:
             self.start()  # the group may be half broken: fresh processes for the next run
             return "raised", self._raised(*raised[0]), None
+        # every rank tears its process group down before the next run; one that stalls there is
+        # replaced (counted in self.teardown_stalls, not a failure of the run: its result is in)
+        stop = time.monotonic() + 30.0
+        while any((r, run) not in self.idle for r in range(self.world)) and time.monotonic() < stop:
+            try:
+                rank, r, out = self.results.get(timeout=0.2)
+                if out[0] == "idle":
+                    self.idle.add((rank, r))
+            except queue_module.Empty:
+                pass
+        if any((r, run) not in self.idle for r in range(self.world)):
+            self.teardown_stalls += 1
+            self.start()
         vals = [o[1] for o in outs]
         if len({v["digest"] for v in vals}) != 1 or not all(v["finite"] for v in vals):
             return "wrong", "weights differ between ranks or are not finite", vals[0]["buckets"]
@@ -260,6 +284,7 @@ def measure(world, runs, hooks, log, deadline_s=12.0, progress=True):
                 print(f"  {world} ranks {hook:26s} {what}  [{rec['seconds']:.0f} s, buckets {rec['buckets']}]"
                       + (f"\n      first: {rec['first_error'][:200]}" if rec["first_error"] else ""), flush=True)
         out["_starts"] = pool.starts
+        out["_teardown_stalls"] = pool.teardown_stalls
     finally:
         for q in pool.tasks:
             q.put(None)
@@ -310,7 +335,9 @@ def main():
             print(f"RESULT torch_ddp_{name}_failure_rate_{tag} {f / n:.4f}")
             print(f"{name}: {f} failed of {n} runs on torch {torch.__version__}")
     print(f"total {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}, pool (re)starts: "
-          + ", ".join(f"{w} ranks {r['_starts']}" for w, r in results.items()))
+          + ", ".join(f"{w} ranks {r['_starts']}" for w, r in results.items())
+          + "; teardowns that stalled > 30 s after a finished run (pool replaced, not a failure): "
+          + ", ".join(f"{w} ranks {r['_teardown_stalls']}" for w, r in results.items()))
 
 
 if __name__ == "__main__":
