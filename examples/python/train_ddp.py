@@ -321,7 +321,7 @@ def main():
         for i, r in enumerate(rows):
             f.write(f"{r['hook']},{r['accuracy']:.6f},{r['bytes_per_step']:.1f},{r['ratio']:.4f},{r['step_ms']:.3f}\n")
     if shutil.which("gnuplot"):
-        script = (f"set terminal png size 900,500; set output '{out / 'train_ddp.png'}';"
+        script = (f"set terminal png size 900,500 noenhanced; set output '{out / 'train_ddp.png'}';"
                   "set datafile separator ','; set style data histograms; set style fill solid 0.6;"
                   "set ylabel 'test accuracy (%)'; set y2label 'compression ratio'; set y2tics; set ytics nomirror;"
                   "set xtics rotate by -30; set key top left;"
