@@ -8,11 +8,15 @@ One state object per codec (``DenseState``, ``GradiVeQState``, ``QSGDState``,
 
 How a DDP bucket is exchanged:
 
-- Every parameter has its own ``gradcomp.BucketLayer`` (a one-layer plan whose
-  seed is mixed from the parameter's name), so codec memory (residuals, QSGD
-  streams, GradiVeQ bases and schedule) is keyed by parameter name and does not
-  depend on how DDP groups parameters into buckets: a bucket rebuild keeps it.
-- The hook runs the rounds of every parameter of the bucket together: per round
+- Every parameter has its own bucket layer (a one-layer plan whose seed is
+  mixed from the parameter's name), held by the C++ ``gradcomp._core.DDPBuckets``,
+  so codec memory (residuals, QSGD streams, GradiVeQ bases and schedule) is
+  keyed by parameter name and does not depend on how DDP groups parameters into
+  buckets: a bucket rebuild keeps it.
+- One C++ call per DDP bucket and round: ``DDPBuckets.begin`` checks and
+  encodes every parameter of the bucket and returns the first round's
+  collectives, ``complete`` absorbs them and returns the next round's,
+  ``finish`` writes the mean. Python only issues the collectives. Per round
   ONE collective per kind of round present (``all_reduce`` SUM of the
   summable buffers of one element type, control blocks included, concatenated;
   ``all_reduce`` MAX; one ``all_gather`` of every rank's payloads packed into
@@ -40,7 +44,6 @@ How a DDP bucket is exchanged:
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import Dict, List, Optional
 
@@ -57,8 +60,6 @@ __all__ = [
 
 #: Version of the dict that ``state_dict()`` returns.
 STATE_FORMAT = 1
-_HISTORY = 16  # steps of packed all-gather sizes that set the capacity
-_SIZE_HEADER = 8
 
 
 #: torch dtype of the 16-bit elements of a sum round (Round.element).
@@ -76,18 +77,6 @@ def supports_all_reduce(dtype: torch.dtype, process_group=None) -> bool:
     except (RuntimeError, TypeError, ValueError):
         return False
     return True
-
-
-def _name_seed(seed: int, name: str) -> int:
-    """A 64-bit seed from the plan seed and the parameter name (FNV-1a)."""
-    h = 0xCBF29CE484222325 ^ (seed & 0xFFFFFFFFFFFFFFFF)
-    for b in name.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def _round_up(n: int, to: int = 64) -> int:
-    return (n + to - 1) // to * to
 
 
 class CompressionState:
@@ -127,16 +116,17 @@ class CompressionState:
         plan.update(options or {})
         self._plan_options = plan
         self._seed = int(seed)
-        self._layers: Dict[str, _core.BucketLayer] = {}
+        self._ex: Optional[_core.DDPBuckets] = None  # made at the first hook call (needs the rank)
+        self._bucket_ids: Dict[tuple, int] = {}
+        self._bucket_names: Dict[int, List[str]] = {}
         self._pending: Dict[str, bytes] = {}
-        self._history: Dict[tuple, List[int]] = {}
         #: The ExchangeFailure the hook raised last (torch 1.x's DDP hands a hook's exception to
         #: backward() as a RuntimeError holding only its text: gradcomp.torch.backward re-raises this one).
         self.failure: Optional[_core.ExchangeFailure] = None
         self._rank: Optional[int] = None
         self._ranks: Optional[int] = None
         self.stats = {"hook_calls": 0, "collectives": 0, "extra_collectives": 0, "bytes_sent": 0,
-                      "hook_seconds": 0.0}
+                      "hook_seconds": 0.0, "comm_seconds": 0.0}
         self._validate()
 
     # -- options --------------------------------------------------------------
@@ -152,10 +142,16 @@ class CompressionState:
         _core.BucketLayer(_core.Plan(md, dict(self._plan_options, seed=0)), 0, 2, "skip")
 
     # -- ranks and layers -----------------------------------------------------
-    def _ensure_group(self) -> None:
-        if self._rank is None:
+    def _ensure_group(self) -> _core.DDPBuckets:
+        if self._ex is None:
             self._rank = dist.get_rank(self.process_group)
             self._ranks = dist.get_world_size(self.process_group)
+            self._ex = _core.DDPBuckets(self._plan_options, self._seed & 0xFFFFFFFFFFFFFFFF, self._rank, self._ranks,
+                                        self._matrix_view)
+            for name, blob in self._pending.items():
+                self._ex.restore(name, blob)
+            self._pending.clear()
+        return self._ex
 
     def _name_of(self, p: torch.Tensor) -> str:
         name = self._names.get(id(p))
@@ -169,30 +165,24 @@ class CompressionState:
                                     f"{type(self).__name__} (shape {tuple(p.shape)})")
         return name
 
-    def _layer(self, name: str, p: torch.Tensor) -> _core.BucketLayer:
-        layer = self._layers.get(name)
-        if layer is not None:
-            return layer
-        md = _core.ModelDescription()
-        if p.dim() == 4:
-            md.add_conv(name, *p.shape)
-        elif p.dim() == 2 and self._matrix_view:
-            md.add_matrix(name, *p.shape)
-        else:
-            md.add_dense(name, p.numel(), 1 if p.dim() <= 1 else 2)
-        plan = _core.Plan(md, dict(self._plan_options, seed=_name_seed(self._seed, name)))
-        layer = _core.BucketLayer(plan, self._rank, self._ranks, "skip")
-        saved = self._pending.pop(name, None)
-        if saved is not None:
-            layer.restore_state(saved)
-        self._layers[name] = layer
-        return layer
+    def _bucket_id(self, params) -> int:
+        """The C++ side's id of a DDP bucket (its parameters' names and shapes), cached by the
+        parameters' identities: one dict lookup per hook call once known."""
+        key = tuple(map(id, params))
+        bid = self._bucket_ids.get(key)
+        if bid is None:
+            names = [self._name_of(p) for p in params]
+            bid = self._ex.bucket(names, [list(p.shape) for p in params])
+            self._bucket_ids[key] = bid
+            self._bucket_names[bid] = names
+        return bid
 
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict:
         """Every parameter's codec memory (its bucket layer's checkpoint), keyed by name."""
         params = dict(self._pending)
-        params.update({name: layer.save_state() for name, layer in self._layers.items()})
+        if self._ex is not None:
+            params.update(self._ex.save_states())
         return {"format": STATE_FORMAT, "codec": self.codec, "params": params}
 
     def load_state_dict(self, state: dict) -> None:
@@ -213,72 +203,56 @@ class CompressionState:
         if unknown:
             raise _core.LayoutError(f"gradcomp: the state_dict holds parameters the model does not have: {unknown[:5]}")
         for name, blob in state["params"].items():
-            if name in self._layers:
-                self._layers[name].restore_state(bytes(blob))
+            if self._ex is not None:
+                self._ex.restore(name, bytes(blob))
             else:
                 self._pending[name] = bytes(blob)
-        self._history.clear()
+        if self._ex is not None:
+            self._ex.clear_history()
 
     # -- the hook -------------------------------------------------------------
     def _run(self, bucket) -> torch.futures.Future:
         t0 = time.perf_counter()
-        self._ensure_group()
+        ex = self._ex if self._ex is not None else self._ensure_group()
         buf = bucket.buffer()
         if buf.dtype != torch.float32:
             raise _core.InvalidArgument(f"gradcomp: the hooks take float32 gradients, this bucket holds {buf.dtype}")
-        params = bucket.parameters()
-        names = [self._name_of(p) for p in params]
+        bid = self._bucket_id(bucket.parameters())
         host = buf.detach() if buf.device.type == "cpu" else buf.detach().cpu()  # CUDA: a host copy
         flat = host.numpy()
-        sizes = [p.numel() for p in params]
-        if sum(sizes) != flat.size:
-            raise _core.LayoutError(f"gradcomp: bucket {bucket.index()} holds {flat.size} floats for parameters of "
-                                    f"{sum(sizes)}")
-        views, at = [], 0
-        for n in sizes:
-            views.append(flat[at:at + n])
-            at += n
-        layers = [self._layer(name, p) for name, p in zip(names, params)]
-        flag = not bool(torch.isfinite(host).all())  # one bad value flags the whole bucket on this rank
-        for layer, view in zip(layers, views):
-            layer.begin_step([view], flag)
-        self._exchange(tuple(names), layers, sizes)
-        reports = [layer.finish_step([view]) for layer, view in zip(layers, views)]
-        if any(r["skipped"] for r in reports):
-            self.failure = self._failure(bucket.index(), names, reports)
+        comm = 0.0
+        requests = ex.begin(bid, flat)  # one C++ call: checks and encodes every parameter of the bucket
+        try:
+            while requests:  # one collective per request, then one C++ call that absorbs them all
+                gathered = None
+                c0 = time.perf_counter()
+                for op, element, array in requests:
+                    if op == "all_gather":
+                        gathered = self._all_gather(array)
+                    else:
+                        self._reduce(op, element, array)
+                comm += time.perf_counter() - c0
+                requests = ex.complete(gathered)
+        except BaseException:
+            ex.abandon()
+            raise
+        failed = ex.finish(flat)  # writes the mean into the bucket
+        if failed is not None:
+            self.failure = self._failure(bucket.index(), failed)
             raise self.failure
         if host is not buf:
             buf.copy_(host)
-        self.stats["hook_calls"] += 1
-        self.stats["hook_seconds"] += time.perf_counter() - t0
+        stats = self.stats
+        stats["hook_calls"] += 1
+        stats["hook_seconds"] += time.perf_counter() - t0
+        stats["comm_seconds"] += comm
+        stats["extra_collectives"] = ex.extra_collectives
         fut = torch.futures.Future()
         fut.set_result(buf)
         return fut
 
-    def _exchange(self, key: tuple, layers: list, sizes: list) -> None:
-        """Runs the rounds of the bucket's layers in lock step, one collective per kind of round."""
-        while True:
-            live = []
-            for layer, n in zip(layers, sizes):
-                r = layer.next_round()
-                if r is not None:
-                    live.append((layer, r, n))
-            if not live:
-                return
-            kinds = []  # (op, element) in first-seen order: the same on every rank (same plans, same rounds)
-            for _, r, _ in live:
-                if r.op != "all_gather" and (r.op, r.element) not in kinds:
-                    kinds.append((r.op, r.element))
-            for op, element in kinds:
-                group = [(layer, r) for layer, r, _ in live if r.op == op and r.element == element]
-                self._reduce(op, element, group)
-            group = [(layer, r, n) for layer, r, n in live if r.op == "all_gather"]
-            if group:
-                self._gather(key, group)
-
-    def _reduce(self, op: str, element: str, group: list) -> None:
-        bufs = [r.buffer for _, r in group]
-        joined = bufs[0] if len(bufs) == 1 else np.concatenate(bufs)
+    def _reduce(self, op: str, element: str, joined: np.ndarray) -> None:
+        """One all_reduce (SUM or MAX) of a round's concatenated buffers, in place, as ``element``."""
         reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         if element == "float32":
             dist.all_reduce(torch.from_numpy(joined), op=reduce_op, group=self.process_group)
@@ -312,61 +286,21 @@ class CompressionState:
             raise _core.InvalidArgument(f"gradcomp: a round of unknown element type '{element}'")
         self.stats["collectives"] += 1
         self.stats["bytes_sent"] += wire * joined.size
-        if len(bufs) > 1:
-            at = 0
-            for b in bufs:
-                b[:] = joined[at:at + b.size]
-                at += b.size
-        for layer, _ in group:
-            layer.complete_round()
 
-    def _gather(self, key: tuple, group: list) -> None:
-        payloads = [r.payload for _, r, _ in group]
-        k = len(payloads)
-        packed = struct.pack(f"<{k}I", *(len(p) for p in payloads)) + b"".join(payloads)
-        names = key + (len(group),)
-        history = self._history.setdefault(names, [])
-        if history:
-            capacity = _round_up(max(history[-_HISTORY:]) + max(history[-_HISTORY:]) // 16)
-        else:  # agreed without a collective: the dense size of the layers plus headers and control block
-            capacity = _round_up(4 * k + sum(4 * n + 256 + 12 * self._ranks for _, _, n in group))
-        out, sizes = self._gather_padded(packed, capacity)
-        need = max(sizes)
-        if need > capacity:  # some rank's payloads did not fit: every rank saw it, all repeat once
-            self.stats["extra_collectives"] += 1
-            out, sizes = self._gather_padded(packed, _round_up(need))
-        history.append(need)
-        del history[:-_HISTORY]
-        per_rank = []
-        for r in range(self._ranks):
-            data = out[r][_SIZE_HEADER:_SIZE_HEADER + sizes[r]].tobytes()
-            lengths = struct.unpack_from(f"<{k}I", data)
-            at, parts = 4 * k, []
-            for n in lengths:
-                parts.append(data[at:at + n])
-                at += n
-            per_rank.append(parts)
-        for j, (layer, _, _) in enumerate(group):
-            layer.complete_round([per_rank[r][j] for r in range(self._ranks)])
-
-    def _gather_padded(self, packed: bytes, capacity: int):
-        send = np.zeros(_SIZE_HEADER + capacity, dtype=np.uint8)
-        send[:_SIZE_HEADER] = np.frombuffer(struct.pack("<Q", len(packed)), dtype=np.uint8)
-        if len(packed) <= capacity:
-            send[_SIZE_HEADER:_SIZE_HEADER + len(packed)] = np.frombuffer(packed, dtype=np.uint8)
-        out = [torch.empty_like(torch.from_numpy(send)) for _ in range(self._ranks)]
-        dist.all_gather(out, torch.from_numpy(send), group=self.process_group)
+    def _all_gather(self, send: np.ndarray) -> list:
+        """One all_gather of the padded byte array (size header + packed payloads); every rank's, rank order."""
+        t = torch.from_numpy(send)
+        out = [torch.empty_like(t) for _ in range(self._ranks)]
+        dist.all_gather(out, t, group=self.process_group)
         self.stats["collectives"] += 1
         self.stats["bytes_sent"] += send.nbytes
-        arrays = [o.numpy() for o in out]
-        sizes = [int(struct.unpack_from("<Q", a[:_SIZE_HEADER].tobytes())[0]) for a in arrays]
-        return arrays, sizes
+        return [o.numpy() for o in out]
 
-    def _failure(self, index: int, names: list, reports: list) -> _core.ExchangeFailure:
+    def _failure(self, index: int, failed: list) -> _core.ExchangeFailure:
         """The same ExchangeFailure on every rank: built only from the agreed control blocks."""
         entries = []
-        for name, rep in zip(names, reports):
-            for rank, reason, _ in rep["failures"]:
+        for name, failures, _ in failed:
+            for rank, reason, _ in failures:
                 entries.append((rank, reason, name))
         real = [e for e in entries if e[1] != "skip requested"] or entries
         rank, reason, name = real[0]
@@ -377,13 +311,24 @@ class CompressionState:
         exc.reason = reason
         exc.parameter = name
         exc.failures = real
-        exc.local_detail = "; ".join(r["local_detail"] for r in reports if r["local_detail"])
+        exc.local_detail = "; ".join(detail for _, _, detail in failed if detail)
         return exc
 
     # -- reporting ------------------------------------------------------------
     def phases(self) -> Dict[str, str]:
         """The phase of every parameter's codec ('dense', 'gradiveq:compressed', ...)."""
-        return {name: layer.phase[0] for name, layer in self._layers.items()}
+        return dict(self._ex.phases()) if self._ex is not None else {}
+
+    def overhead(self) -> dict:
+        """Seconds spent in the hook, split: ``comm`` (waiting in the process group's collectives),
+        ``encode`` / ``decode`` (gradcomp's C++: checks, encodes, absorbs, decodes, the mean, fits) and
+        ``python`` (the rest: the hook's Python, tensor wrapping, 16-bit conversions); ``own`` is the hook's
+        own cost, everything but ``comm``."""
+        total, comm = self.stats["hook_seconds"], self.stats["comm_seconds"]
+        enc = self._ex.encode_seconds if self._ex is not None else 0.0
+        dec = self._ex.decode_seconds if self._ex is not None else 0.0
+        return {"total": total, "comm": comm, "encode": enc, "decode": dec,
+                "python": max(0.0, total - comm - enc - dec), "own": total - comm}
 
     def register(self, ddp_model) -> "CompressionState":
         """``ddp_model.register_comm_hook(self, hook)``; returns self."""

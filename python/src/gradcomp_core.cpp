@@ -330,7 +330,11 @@ class py_bucket_layer {
   std::vector<carray> held_;
 };
 
+using u8array = nb::ndarray<const std::uint8_t, nb::c_contig, nb::device::cpu>;
+
 }  // namespace
+
+#include "ddp_buckets.hpp"
 
 NB_MODULE(_core, m) {
   m.doc() = "gradcomp's bucket layer (the whole-model exchange without a transport), on float32 buffers";
@@ -441,4 +445,44 @@ NB_MODULE(_core, m) {
         for (std::size_t b = 0; b < l.layer().layout().buckets().size(); ++b) out.push_back(l.layer().bucket(b).phase());
         return out;
       });
+
+  nb::class_<ddp_buckets>(m, "DDPBuckets",
+                          "Every parameter's bucket layer (keyed by name) and the DDP buckets over them: one call per "
+                          "DDP bucket and round (gradcomp.torch's hooks; docs/python.md).")
+      .def(nb::init<const nb::dict&, std::uint64_t, int, int, bool>(), "plan_options"_a, "seed"_a, "rank"_a,
+           "ranks"_a, "matrix_view"_a = false,
+           "`plan_options`: gradcomp.Plan's keys; each parameter's seed mixes `seed` and its name (FNV-1a); "
+           "`matrix_view`: 2-D parameters as matrices (PowerSGD) rather than dense.")
+      .def("bucket", &ddp_buckets::bucket, "names"_a, "shapes"_a,
+           "Registers a DDP bucket (its parameters' names and shapes, bucket order); returns its id.")
+      .def(
+          "begin",
+          [](nb::pointer_and_handle<ddp_buckets> self, std::size_t id, farray flat) {
+            return self.p->begin(self.h, id, flat);
+          },
+          "bucket"_a, "flat"_a,
+          "Checks and encodes every parameter of the bucket (`flat`: its float32 values, alive and unchanged until "
+          "finish); returns the first round's requests [(op, element, array)].")
+      .def(
+          "complete",
+          [](nb::pointer_and_handle<ddp_buckets> self, std::optional<std::vector<u8array>> gathered) {
+            return self.p->complete(self.h, std::move(gathered));
+          },
+          "gathered"_a = nb::none(),
+          "After the requests' collectives (sum/max arrays reduced in place; `gathered`: every rank's all-gather "
+          "array, rank order): the next requests, [] when the step needs no more.")
+      .def("finish", &ddp_buckets::finish, "flat"_a,
+           "Writes the mean into `flat`; None, or [(name, failures, local_detail)] when the step was skipped.")
+      .def("abandon", &ddp_buckets::abandon,
+           "Drops a bucket step that cannot finish (a collective raised); its parameters' layers restart fresh.")
+      .def("save_states", &ddp_buckets::save_states, "name -> checkpoint bytes of every parameter's layer.")
+      .def("restore", &ddp_buckets::restore, "name"_a, "state"_a,
+           "Restores a parameter's checkpoint now, or when its layer is made.")
+      .def("clear_history", &ddp_buckets::clear_history, "Forgets the all-gather sizes (the capacity restarts dense).")
+      .def("phases", &ddp_buckets::phases, "name -> phase of every parameter's codec.")
+      .def_prop_ro("running", &ddp_buckets::running)
+      .def_prop_ro("encode_seconds", &ddp_buckets::encode_seconds, "checks, encodes, buffer fills (sum over steps)")
+      .def_prop_ro("decode_seconds", &ddp_buckets::decode_seconds, "absorbs, decodes, the mean, fits (sum over steps)")
+      .def_prop_ro("extra_collectives", &ddp_buckets::extra_collectives,
+                   "all-gathers repeated because some rank's payloads outgrew the agreed capacity");
 }
