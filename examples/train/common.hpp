@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/layout.hpp>
@@ -18,12 +19,12 @@ namespace train {
 /// The configurations the program trains, in the order they run.
 enum class config_id {
   msgd_single, baseline, gradiveq, gradiveq_plus, qsgd4, two_bit, topk, dgs, lgc,
-  powersgd, powersgd4, fp16, bf16, homomorphic
+  powersgd, powersgd4, fp16, bf16, homomorphic, lgc_ps
 };
-inline constexpr std::array<config_id, 14> all_configs = {
+inline constexpr std::array<config_id, 15> all_configs = {
     config_id::msgd_single, config_id::baseline, config_id::gradiveq, config_id::gradiveq_plus, config_id::qsgd4,
     config_id::two_bit,     config_id::topk,     config_id::dgs,      config_id::lgc,           config_id::powersgd,
-    config_id::powersgd4,   config_id::fp16,     config_id::bf16,     config_id::homomorphic};
+    config_id::powersgd4,   config_id::fp16,     config_id::bf16,     config_id::homomorphic,   config_id::lgc_ps};
 
 std::string_view config_name(config_id c) noexcept;
 std::string_view config_description(config_id c) noexcept;
@@ -86,6 +87,8 @@ struct run_options {
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
   std::string lgc_momentum = "dgc";  ///< dgc | plain online
   bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
+  double lgc_feedback_max_error = 1e30;  ///< LGC: ... only on steps with a relative error at most this
+  std::size_t lgc_retrain_period = 0;    ///< LGC ring: retrain in phase 3, broadcast every this many steps (0: frozen)
   // PowerSGD (Vogels et al. 2019): uncompressed start period in percent of the run's steps.
   double powersgd_start_percent = 5.0;
   std::size_t powersgd_min_elements = 144;  ///< smaller matrices dense (144: the 16x9 stem is compressed)
@@ -149,6 +152,9 @@ struct run_result {
   double wall_seconds = 0;
   std::vector<curve_point> curve;
   std::string note;
+  /// Further RESULT lines of the configuration: name (without the config
+  /// prefix) and value in x (LGC: phase3_ratio).
+  std::vector<std::pair<std::string, double>> extra_ratios;
 };
 
 }  // namespace train

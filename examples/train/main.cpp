@@ -405,6 +405,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     r.wall_seconds = wall;
     r.curve = std::move(curve);
     r.note = ex->summary();
+    r.extra_ratios = ex->extra_ratios();
   }
 }
 
@@ -680,6 +681,13 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--homomorphic-block", o.homomorphic_block, "Homomorphic quantizer: values per agreed scale")
       ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
+      ->capture_default_str();
+  app.add_option("--lgc-feedback-max-error", o.lgc_feedback_max_error,
+                 "LGC: with --lgc-feedback, feed back only on steps whose relative reconstruction error is at most this")
+      ->capture_default_str();
+  app.add_option("--lgc-retrain-period", o.lgc_retrain_period,
+                 "LGC ring: keep training the autoencoder in phase 3 and send its weights every this many steps (0: "
+                 "frozen, the paper)")
       ->capture_default_str();
 
   try {
