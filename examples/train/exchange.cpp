@@ -101,10 +101,10 @@ class sync_exchanger final : public exchanger {
           std::snprintf(b, sizeof b, "LGC phase 2 (top-k, autoencoder training, loss %.4g)", double(v.loss));
           return b;
         case gradcomp::lgc_phase::compressed:
-          if (v.options->retrain_period == 0) return "LGC phase 3 (compressed)";
-          std::snprintf(b, sizeof b, "LGC phase 3 (compressed, retraining loss %.4g, %llu broadcasts)", double(v.loss),
-                        (unsigned long long)v.broadcasts);
-          return b;
+          std::snprintf(b, sizeof b, "LGC phase 3 (compressed, own relative error %.3g, fed back on %llu steps",
+                        double(v.rel_error), (unsigned long long)v.feedback_steps);
+          if (v.options->retrain_period == 0) return std::string(b) + ")";
+          return b + (", retraining loss " + std::to_string(v.loss) + ", " + std::to_string(v.broadcasts) + " broadcasts)");
       }
     }
     if (!gq()) return {};
@@ -174,16 +174,17 @@ class sync_exchanger final : public exchanger {
     const gradcomp::lgc_layout* layout;
     const gradcomp::lgc_options* options;
     std::uint64_t training_steps, rejected, broadcasts, feedback_steps;
-    float loss;
+    float loss, rel_error;
   };
   lgc_state lgc_view() const {
     if (const auto* r = lgc())
       return {r->next_phase(), &r->last_traffic(), &r->layout(), &r->options(), r->training_steps(),
-              r->rejected_training_steps(), r->weight_broadcasts(), r->feedback_steps(), r->last_training_loss()};
+              r->rejected_training_steps(), r->weight_broadcasts(), r->feedback_steps(), r->last_training_loss(),
+              r->last_relative_error()};
     const auto* p = lgc_ps();
     return {p->next_phase(), &p->last_traffic(), &p->layout(), &p->options(), p->training_steps(),
             p->rejected_training_steps(), std::uint64_t(p->steps() > p->options().schedule.first_compressed()), 0,
-            p->last_training_loss()};
+            p->last_training_loss(), 0.0f};
   }
 
   static std::string ratio(double r) {

@@ -326,9 +326,10 @@ class lgc_ring_bucket final : public bucket_codec {
           for (std::uint32_t i : idx) s[i] = values[v++];
       }
     }
-    if (trainer_ && phase_ != lgc_phase::full) {  // phase 3 only with retrain_period: the trainer's own vector
+    const bool retrain = phase_ == lgc_phase::compressed && opt_.retrain_period > 0;  // on its own vector
+    if (trainer_ && (phase_ == lgc_phase::topk_training || retrain)) {
       std::vector<std::span<const float>> views(gathered_mid_.begin(), gathered_mid_.end());
-      if (phase_ == lgc_phase::compressed) views.assign(1, std::span<const float>(mid_));
+      if (retrain) views.assign(1, std::span<const float>(mid_));
       try {
         last_loss_ = trainer_->step_ring(views, std::span<const float>(index_set_.scales));
         ++training_steps_;
