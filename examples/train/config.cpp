@@ -99,6 +99,7 @@ gx::plan plan_for(config_id c, const run_options& o, std::span<const layer_desc>
       p.lgc.schedule = {o.lgc_phase1, o.lgc_phase2};
       p.lgc.seed = o.seed;
       p.lgc.feedback_reconstruction_error = o.lgc_feedback;
+      p.lgc.feedback_aggregate_error = o.lgc_feedback_aggregate;
       if (o.lgc_feedback_max_error < 1e30) p.lgc.feedback_max_error = float(o.lgc_feedback_max_error);
       p.lgc.retrain_period = o.lgc_retrain_period;
       // The autoencoder window: this small model's top-k vector, a multiple of 2^depth, at most 1024.
@@ -212,8 +213,9 @@ void check_option_ranges(config_id c, const run_options& o) {
     throw invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
   if (lgc && !(o.lgc_feedback_max_error >= 0))
     throw invalid_argument_error("lgc: --lgc-feedback-max-error must be >= 0");
-  if (c == config_id::lgc_ps && o.lgc_retrain_period > 0)
-    throw invalid_argument_error("lgc_ps: --lgc-retrain-period is implemented for the ring form (lgc) only");
+  if (c == config_id::lgc_ps && (o.lgc_retrain_period > 0 || o.lgc_feedback || o.lgc_feedback_aggregate))
+    throw invalid_argument_error(
+        "lgc_ps: --lgc-retrain-period and --lgc-feedback(-aggregate) are implemented for the ring form (lgc) only");
   if (c == config_id::dgs && !(o.dgs_sparsity >= 0 && o.dgs_sparsity < 100))
     throw invalid_argument_error("dgs: --dgs-sparsity must be in [0, 100), got " + std::to_string(o.dgs_sparsity));
   if (c == config_id::dgs && !(o.dgs_momentum > 0 && o.dgs_momentum < 1))

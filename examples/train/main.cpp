@@ -682,6 +682,9 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
       ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
       ->capture_default_str();
+  app.add_option("--lgc-feedback-aggregate", o.lgc_feedback_aggregate,
+                 "LGC ring: every node adds x_k - D(average code) back (they sum to the aggregate's error)")
+      ->capture_default_str();
   app.add_option("--lgc-feedback-max-error", o.lgc_feedback_max_error,
                  "LGC: with --lgc-feedback, feed back only on steps whose relative reconstruction error is at most this")
       ->capture_default_str();

@@ -311,6 +311,7 @@ class lgc_ring_bucket final : public bucket_codec {
         decoded_.resize(layout_.mu);
         const auto& codec = pending_codec_ ? *pending_codec_ : *codec_;
         codec.decode(std::span<const float>(avg_), std::span<const float>(index_set_.scales), decoded_, decode_ws_);
+        if (opt_.feedback_aggregate_error) aggregate_feedback();
         for (float& v : decoded_) v *= float(ranks_);
         values = decoded_;
       }
@@ -449,6 +450,31 @@ class lgc_ring_bucket final : public bucket_codec {
         given += share;
       }
     bytes_[last] += n - given;
+  }
+
+  /// lgc_options::feedback_aggregate_error: v_k += x_k - D(average code) at
+  /// the index set (decoded_ holds D(average code)), when the relative error
+  /// ||x_k - D||^2 / ||x_k||^2 is at most feedback_max_error.
+  void aggregate_feedback() {
+    double err = 0.0, norm = 0.0;
+    for (std::size_t e = 0; e < mid_.size(); ++e) {
+      const double d = double(mid_[e]) - double(decoded_[e]);
+      err += d * d;
+      norm += double(mid_[e]) * double(mid_[e]);
+    }
+    last_rel_error_ = norm > 0.0 ? float(err / norm) : 0.0f;
+    if (!(last_rel_error_ <= opt_.feedback_max_error)) return;
+    ++feedback_steps_;
+    std::size_t at = 0;
+    for (std::size_t l = 0, j = 0; l < layout_.sizes.size(); ++l) {
+      if (layout_.roles[l] == lgc_layer_role::dense) continue;
+      const auto& idx = index_set_.indices[j++];
+      if (layout_.roles[l] != lgc_layer_role::autoencoder) continue;
+      for (std::uint32_t i : idx) {
+        acc_.v[l][i] += mid_[at] - decoded_[at];
+        ++at;
+      }
+    }
   }
 
   lgc_index_payload select_indices() {

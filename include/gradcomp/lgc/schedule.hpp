@@ -61,7 +61,12 @@ struct lgc_options {
   /// as the unsent entries are kept, so the autoencoder's error is delayed
   /// rather than lost (error feedback). Costs one extra decode per step.
   bool feedback_reconstruction_error = false;
-  /// With feedback_reconstruction_error: feed the error back only on steps
+  /// Beyond the paper (ring form), the aggregate's error instead: every node
+  /// adds x_k - D(average code) to its accumulator at the index set, so the
+  /// nodes' additions sum to the aggregate's reconstruction error
+  /// sum_k x_k - N D(average code) (no extra decode, nothing lost in total).
+  bool feedback_aggregate_error = false;
+  /// With either feedback: feed the error back only on steps
   /// whose relative reconstruction error ||x - D(E(x))||^2 / ||x||^2 of the
   /// node's own top-k vector is at most this (the autoencoder tracks its
   /// inputs); +inf: every compressed step.
