@@ -87,6 +87,8 @@ struct run_options {
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
   std::string lgc_momentum = "dgc";  ///< dgc | plain online
   bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
+  std::string lgc_optimizer = "sgd";  ///< LGC: the autoencoder's optimiser, sgd (the paper: lr 1e-3) or adam
+  double lgc_ae_lr = 1e-3;            ///< LGC: the autoencoder's learning rate
   bool lgc_feedback_aggregate = false;  ///< LGC ring: feed the aggregate's reconstruction error back instead
   double lgc_feedback_max_error = 1e30;  ///< LGC: ... only on steps with a relative error at most this
   std::size_t lgc_retrain_period = 0;    ///< LGC ring: retrain in phase 3, broadcast every this many steps (0: frozen)

@@ -95,11 +95,15 @@ gx::plan plan_for(config_id c, const run_options& o, std::span<const layer_desc>
           c == config_id::lgc ? gx::codec_kind::lgc_ring : gx::codec_kind::lgc_ps;
       p.lgc_factory = gx::lgc_bucket_factory<policy>();
       p.lgc.alpha_percent = o.lgc_topk_percent;
-      p.lgc.momentum = parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain ? 0.0f : float(o.momentum);
+      p.lgc.momentum = o.lgc_momentum == "phased" || parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain
+                           ? 0.0f
+                           : float(o.momentum);
       p.lgc.schedule = {o.lgc_phase1, o.lgc_phase2};
       p.lgc.seed = o.seed;
       p.lgc.feedback_reconstruction_error = o.lgc_feedback;
       p.lgc.feedback_aggregate_error = o.lgc_feedback_aggregate;
+      p.lgc.optimizer = o.lgc_optimizer == "adam" ? gradcomp::lgc_optimizer::adam : gradcomp::lgc_optimizer::sgd;
+      p.lgc.learning_rate = float(o.lgc_ae_lr);
       if (o.lgc_feedback_max_error < 1e30) p.lgc.feedback_max_error = float(o.lgc_feedback_max_error);
       p.lgc.retrain_period = o.lgc_retrain_period;
       // The autoencoder window: this small model's top-k vector, a multiple of 2^depth, at most 1024.
@@ -198,10 +202,10 @@ std::string config_unavailable(config_id c) {
 void check_option_ranges(config_id c, const run_options& o) {
   using gradcomp::invalid_argument_error;
   if (!parse_momentum_mode(o.two_bit_momentum) || !parse_momentum_mode(o.topk_momentum) ||
-      !parse_momentum_mode(o.lgc_momentum))
+      (!parse_momentum_mode(o.lgc_momentum) && o.lgc_momentum != "phased"))
     throw invalid_argument_error("momentum modes are optimizer, dgc (or local) and plain");
   if (parse_momentum_mode(o.lgc_momentum) == momentum_mode::optimizer)
-    throw invalid_argument_error("lgc: --lgc-momentum is dgc or plain (the node returns a corrected update)");
+    throw invalid_argument_error("lgc: --lgc-momentum is dgc, plain or phased (the node returns a corrected update)");
   if (c == config_id::two_bit && !std::isfinite(o.two_bit_threshold))
     throw invalid_argument_error("two_bit: threshold must be finite");
   if (c == config_id::qsgd4 && o.qsgd_bits != 2 && o.qsgd_bits != 4 && o.qsgd_bits != 8)
@@ -211,6 +215,8 @@ void check_option_ranges(config_id c, const run_options& o) {
   const bool lgc = c == config_id::lgc || c == config_id::lgc_ps;
   if (lgc && !(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
     throw invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
+  if (lgc && o.lgc_optimizer != "sgd" && o.lgc_optimizer != "adam")
+    throw invalid_argument_error("lgc: --lgc-optimizer is sgd or adam");
   if (lgc && !(o.lgc_feedback_max_error >= 0))
     throw invalid_argument_error("lgc: --lgc-feedback-max-error must be >= 0");
   if (c == config_id::lgc_ps && (o.lgc_retrain_period > 0 || o.lgc_feedback || o.lgc_feedback_aggregate))

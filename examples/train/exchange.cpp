@@ -38,10 +38,13 @@ class sync_exchanger final : public exchanger {
     }
     if ((c == config_id::lgc || c == config_id::lgc_ps) && layout().options().lgc.momentum == 0.0f)
       lr_mult_ = 1.0 / (1.0 - o.momentum);
+    if (lgc_any() && o.lgc_momentum == "phased") phased_momentum_ = float(o.momentum);
     velocity_.resize(layout().model().size());
   }
   bool momentum_in_codec() const noexcept override { return post_ > 0.0f || lr_mult_ != 1.0 || lgc_any(); }
-  double lr_multiplier() const noexcept override { return lr_mult_; }
+  double lr_multiplier() const noexcept override {
+    return phased_momentum_ > 0.0f && last_lgc_phase_ == gradcomp::lgc_phase::full ? 1.0 : lr_mult_;
+  }
   std::vector<std::pair<std::string, double>> extra_ratios() const override {
     if (!lgc_any()) return {};
     return {{"phase3_ratio", compressed_.target_ratio()}};
@@ -60,6 +63,13 @@ class sync_exchanger final : public exchanger {
     const auto lgc_phase = lgc_any() ? lgc_view().next_phase : gradcomp::lgc_phase::full;
     const gx::step_stats& st = ex_.step(layers);
     fold(layers, post_, true);
+    last_lgc_phase_ = lgc_phase;
+    if (phased_momentum_ > 0.0f && lgc_phase == gradcomp::lgc_phase::full)  // momentum SGD on the dense aggregate
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        auto& u = velocity_[i];
+        u.resize(layers[i].size(), 0.0f);
+        for (std::size_t e = 0; e < u.size(); ++e) layers[i][e] = u[e] = phased_momentum_ * u[e] + layers[i][e];
+      }
     if (lgc_any()) {  // LGC's own accounting (the paper's CR): dense layer float32, the rest its payloads
       const auto v = lgc_view();
       const auto& tr = *v.traffic;
@@ -223,6 +233,8 @@ class sync_exchanger final : public exchanger {
   gx::model_exchange<counted_transport, policy> ex_;
   config_id config_;
   float pre_ = 0.0f, post_ = 0.0f;
+  float phased_momentum_ = 0.0f;  // LGC "phased": momentum SGD in phase 1, plain SGD at lr / (1 - m) after it
+  gradcomp::lgc_phase last_lgc_phase_ = gradcomp::lgc_phase::full;
   double lr_mult_ = 1.0;
   std::vector<std::vector<float>> velocity_;
   codec_counters compressed_;  // the GradiVeQ (PowerSGD) compressed iterations alone
