@@ -82,12 +82,12 @@ struct run_options {
   double dgs_momentum = 0.7;
   bool dgs_secondary = true;
   // LGC (seed 004): top-k percent and phase lengths.
-  double lgc_topk_percent = 0.1;
+  double lgc_topk_percent = 1.0;  ///< the paper: 0.1 (81 values per step on this model; docs/results.md)
   std::size_t lgc_phase1 = 100;  ///< dense warm-up steps
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
-  std::string lgc_momentum = "dgc";  ///< dgc | plain online
+  std::string lgc_momentum = "plain";  ///< dgc (the paper) | plain | phased
   bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
-  std::string lgc_optimizer = "sgd";  ///< LGC: the autoencoder's optimiser, sgd (the paper: lr 1e-3) or adam
+  std::string lgc_optimizer = "adam";  ///< LGC: the autoencoder's optimiser, sgd (the paper: lr 1e-3) or adam
   double lgc_ae_lr = 1e-3;            ///< LGC: the autoencoder's learning rate
   bool lgc_feedback_aggregate = false;  ///< LGC ring: feed the aggregate's reconstruction error back instead
   double lgc_feedback_max_error = 1e30;  ///< LGC: ... only on steps with a relative error at most this
