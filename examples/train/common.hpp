@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/layout.hpp>
@@ -18,12 +19,12 @@ namespace train {
 /// The configurations the program trains, in the order they run.
 enum class config_id {
   msgd_single, baseline, gradiveq, gradiveq_plus, qsgd4, two_bit, topk, dgs, lgc,
-  powersgd, powersgd4, fp16, bf16, homomorphic
+  powersgd, powersgd4, fp16, bf16, homomorphic, lgc_ps
 };
-inline constexpr std::array<config_id, 14> all_configs = {
+inline constexpr std::array<config_id, 15> all_configs = {
     config_id::msgd_single, config_id::baseline, config_id::gradiveq, config_id::gradiveq_plus, config_id::qsgd4,
     config_id::two_bit,     config_id::topk,     config_id::dgs,      config_id::lgc,           config_id::powersgd,
-    config_id::powersgd4,   config_id::fp16,     config_id::bf16,     config_id::homomorphic};
+    config_id::powersgd4,   config_id::fp16,     config_id::bf16,     config_id::homomorphic,   config_id::lgc_ps};
 
 std::string_view config_name(config_id c) noexcept;
 std::string_view config_description(config_id c) noexcept;
@@ -81,11 +82,16 @@ struct run_options {
   double dgs_momentum = 0.7;
   bool dgs_secondary = true;
   // LGC (seed 004): top-k percent and phase lengths.
-  double lgc_topk_percent = 0.1;
+  double lgc_topk_percent = 1.0;  ///< the paper: 0.1 (81 values per step on this model; docs/results.md)
   std::size_t lgc_phase1 = 100;  ///< dense warm-up steps
   std::size_t lgc_phase2 = 100;  ///< top-k steps while the autoencoder trains
-  std::string lgc_momentum = "dgc";  ///< dgc | plain online
+  std::string lgc_momentum = "plain";  ///< dgc (the paper) | plain | phased
   bool lgc_feedback = false;  ///< LGC: feed the autoencoder's reconstruction error back (beyond the paper)
+  std::string lgc_optimizer = "adam";  ///< LGC: the autoencoder's optimiser, sgd (the paper: lr 1e-3) or adam
+  double lgc_ae_lr = 1e-3;            ///< LGC: the autoencoder's learning rate
+  bool lgc_feedback_aggregate = false;  ///< LGC ring: feed the aggregate's reconstruction error back instead
+  double lgc_feedback_max_error = 1e30;  ///< LGC: ... only on steps with a relative error at most this
+  std::size_t lgc_retrain_period = 0;    ///< LGC ring: retrain in phase 3, broadcast every this many steps (0: frozen)
   // PowerSGD (Vogels et al. 2019): uncompressed start period in percent of the run's steps.
   double powersgd_start_percent = 5.0;
   std::size_t powersgd_min_elements = 144;  ///< smaller matrices dense (144: the 16x9 stem is compressed)
@@ -149,6 +155,9 @@ struct run_result {
   double wall_seconds = 0;
   std::vector<curve_point> curve;
   std::string note;
+  /// Further RESULT lines of the configuration: name (without the config
+  /// prefix) and value in x (LGC: phase3_ratio).
+  std::vector<std::pair<std::string, double>> extra_ratios;
 };
 
 }  // namespace train

@@ -89,14 +89,23 @@ gx::plan plan_for(config_id c, const run_options& o, std::span<const layer_desc>
       p.top_k.dgc_momentum = parse_momentum_mode(o.topk_momentum) == momentum_mode::correction;
       p.top_k.momentum = float(o.momentum);
       break;
-    case config_id::lgc: {  // seed 004 Sec. V-VI: top-k alpha% with DGC momentum, three phases
-      p.rules.conv = p.rules.small = p.rules.fallback = gx::codec_kind::lgc_ring;
+    case config_id::lgc:  // seed 004 Sec. V-VI: top-k alpha% with DGC momentum, three phases
+    case config_id::lgc_ps: {  // the parameter-server form (Sec. IV-A, Alg. 1) in the same plan
+      p.rules.conv = p.rules.small = p.rules.fallback =
+          c == config_id::lgc ? gx::codec_kind::lgc_ring : gx::codec_kind::lgc_ps;
       p.lgc_factory = gx::lgc_bucket_factory<policy>();
       p.lgc.alpha_percent = o.lgc_topk_percent;
-      p.lgc.momentum = parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain ? 0.0f : float(o.momentum);
+      p.lgc.momentum = o.lgc_momentum == "phased" || parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain
+                           ? 0.0f
+                           : float(o.momentum);
       p.lgc.schedule = {o.lgc_phase1, o.lgc_phase2};
       p.lgc.seed = o.seed;
       p.lgc.feedback_reconstruction_error = o.lgc_feedback;
+      p.lgc.feedback_aggregate_error = o.lgc_feedback_aggregate;
+      p.lgc.optimizer = o.lgc_optimizer == "adam" ? gradcomp::lgc_optimizer::adam : gradcomp::lgc_optimizer::sgd;
+      p.lgc.learning_rate = float(o.lgc_ae_lr);
+      if (o.lgc_feedback_max_error < 1e30) p.lgc.feedback_max_error = float(o.lgc_feedback_max_error);
+      p.lgc.retrain_period = o.lgc_retrain_period;
       // The autoencoder window: this small model's top-k vector, a multiple of 2^depth, at most 1024.
       const gx::plan probe(model, p);
       const gx::lgc_bucket_grouping g(probe, probe.buckets().front());
@@ -139,6 +148,7 @@ std::string_view config_name(config_id c) noexcept {
     case config_id::topk: return "topk";
     case config_id::dgs: return "dgs";
     case config_id::lgc: return "lgc";
+    case config_id::lgc_ps: return "lgc_ps";
     case config_id::powersgd: return "powersgd";
     case config_id::powersgd4: return "powersgd4";
     case config_id::fp16: return "fp16";
@@ -159,6 +169,8 @@ std::string_view config_description(config_id c) noexcept {
     case config_id::topk: return "top-R% sparsifier with memory, synchronous (seed 001 Alg. 1)";
     case config_id::dgs: return "DGS: asynchronous parameter server, SAMomentum, 99% sparsity, secondary compression";
     case config_id::lgc: return "LGC ring form: top-k + online autoencoder, averaged codes (seed 004)";
+    case config_id::lgc_ps:
+      return "LGC parameter-server form: common code + innovations, one decoder per worker (seed 004, Alg. 1)";
     case config_id::powersgd: return "PowerSGD rank 2, error feedback, warm start (Vogels et al. 2019)";
     case config_id::powersgd4: return "PowerSGD rank 4, error feedback, warm start (Vogels et al. 2019)";
     case config_id::fp16: return "IEEE float16 all-reduce (the 16-bit baseline)";
@@ -190,18 +202,26 @@ std::string config_unavailable(config_id c) {
 void check_option_ranges(config_id c, const run_options& o) {
   using gradcomp::invalid_argument_error;
   if (!parse_momentum_mode(o.two_bit_momentum) || !parse_momentum_mode(o.topk_momentum) ||
-      !parse_momentum_mode(o.lgc_momentum))
+      (!parse_momentum_mode(o.lgc_momentum) && o.lgc_momentum != "phased"))
     throw invalid_argument_error("momentum modes are optimizer, dgc (or local) and plain");
   if (parse_momentum_mode(o.lgc_momentum) == momentum_mode::optimizer)
-    throw invalid_argument_error("lgc: --lgc-momentum is dgc or plain (the node returns a corrected update)");
+    throw invalid_argument_error("lgc: --lgc-momentum is dgc, plain or phased (the node returns a corrected update)");
   if (c == config_id::two_bit && !std::isfinite(o.two_bit_threshold))
     throw invalid_argument_error("two_bit: threshold must be finite");
   if (c == config_id::qsgd4 && o.qsgd_bits != 2 && o.qsgd_bits != 4 && o.qsgd_bits != 8)
     throw invalid_argument_error("qsgd4: --qsgd-bits must be 2, 4 or 8, got " + std::to_string(o.qsgd_bits));
   if (c == config_id::topk && !(o.topk_percent > 0 && o.topk_percent <= 100))
     throw invalid_argument_error("topk: --topk-percent must be in (0, 100], got " + std::to_string(o.topk_percent));
-  if (c == config_id::lgc && !(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
+  const bool lgc = c == config_id::lgc || c == config_id::lgc_ps;
+  if (lgc && !(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
     throw invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
+  if (lgc && o.lgc_optimizer != "sgd" && o.lgc_optimizer != "adam")
+    throw invalid_argument_error("lgc: --lgc-optimizer is sgd or adam");
+  if (lgc && !(o.lgc_feedback_max_error >= 0))
+    throw invalid_argument_error("lgc: --lgc-feedback-max-error must be >= 0");
+  if (c == config_id::lgc_ps && (o.lgc_retrain_period > 0 || o.lgc_feedback || o.lgc_feedback_aggregate))
+    throw invalid_argument_error(
+        "lgc_ps: --lgc-retrain-period and --lgc-feedback(-aggregate) are implemented for the ring form (lgc) only");
   if (c == config_id::dgs && !(o.dgs_sparsity >= 0 && o.dgs_sparsity < 100))
     throw invalid_argument_error("dgs: --dgs-sparsity must be in [0, 100), got " + std::to_string(o.dgs_sparsity));
   if (c == config_id::dgs && !(o.dgs_momentum > 0 && o.dgs_momentum < 1))

@@ -36,14 +36,22 @@ class sync_exchanger final : public exchanger {
       if (mode == momentum_mode::correction) post_ = pre_ = float(o.momentum);
       if (c == config_id::topk) pre_ = 0.0f;  // top-k's DGC momentum is the codec's own
     }
-    if (c == config_id::lgc && layout().options().lgc.momentum == 0.0f) lr_mult_ = 1.0 / (1.0 - o.momentum);
+    if ((c == config_id::lgc || c == config_id::lgc_ps) && layout().options().lgc.momentum == 0.0f)
+      lr_mult_ = 1.0 / (1.0 - o.momentum);
+    if (lgc_any() && o.lgc_momentum == "phased") phased_momentum_ = float(o.momentum);
     velocity_.resize(layout().model().size());
   }
-  bool momentum_in_codec() const noexcept override { return post_ > 0.0f || lr_mult_ != 1.0 || lgc(); }
-  double lr_multiplier() const noexcept override { return lr_mult_; }
+  bool momentum_in_codec() const noexcept override { return post_ > 0.0f || lr_mult_ != 1.0 || lgc_any(); }
+  double lr_multiplier() const noexcept override {
+    return phased_momentum_ > 0.0f && last_lgc_phase_ == gradcomp::lgc_phase::full ? 1.0 : lr_mult_;
+  }
+  std::vector<std::pair<std::string, double>> extra_ratios() const override {
+    if (!lgc_any()) return {};
+    return {{"phase3_ratio", compressed_.target_ratio()}};
+  }
   std::string target_label() const override {
     if (config_ == config_id::baseline) return "all";
-    if (lgc()) return "conv+fc";
+    if (lgc_any()) return "conv+fc";
     return layout().uses_gradiveq() ? "conv" : "weights";
   }
 
@@ -52,16 +60,27 @@ class sync_exchanger final : public exchanger {
     const std::size_t position = gq() ? ex_.buckets().schedule().phase_position() : 0;
     const std::size_t lc = gq() ? ex_.buckets().schedule().compressed_length() : 0;
     fold(layers, pre_, false);
-    const auto lgc_phase = lgc() ? lgc()->next_phase() : gradcomp::lgc_phase::full;
+    const auto lgc_phase = lgc_any() ? lgc_view().next_phase : gradcomp::lgc_phase::full;
     const gx::step_stats& st = ex_.step(layers);
     fold(layers, post_, true);
-    if (lgc()) {  // LGC's own accounting (the paper's CR): dense layer float32, the rest its payloads
-      const auto& tr = lgc()->last_traffic();
-      const std::size_t dense = 4 * lgc()->layout().dense_values, header = gradcomp::wire::header_size;
+    last_lgc_phase_ = lgc_phase;
+    if (phased_momentum_ > 0.0f && lgc_phase == gradcomp::lgc_phase::full)  // momentum SGD on the dense aggregate
+      for (std::size_t i = 0; i < layers.size(); ++i) {
+        auto& u = velocity_[i];
+        u.resize(layers[i].size(), 0.0f);
+        for (std::size_t e = 0; e < u.size(); ++e) layers[i][e] = u[e] = phased_momentum_ * u[e] + layers[i][e];
+      }
+    if (lgc_any()) {  // LGC's own accounting (the paper's CR): dense layer float32, the rest its payloads
+      const auto v = lgc_view();
+      const auto& tr = *v.traffic;
+      const std::size_t dense = 4 * v.layout->dense_values, header = gradcomp::wire::header_size;
       const codec_counters step{tr.original_bytes, tr.payload_bytes, tr.original_bytes - dense,
                                 tr.payload_bytes - dense - header, 0};
       counters += step;
-      if (lgc_phase == gradcomp::lgc_phase::compressed) compressed_ += step;
+      if (lgc_phase == gradcomp::lgc_phase::compressed) {
+        compressed_ += step;
+        ++compressed_steps_;
+      }
       return;
     }
     for (std::size_t b = 0; b < layout().buckets().size(); ++b)
@@ -83,14 +102,19 @@ class sync_exchanger final : public exchanger {
   }
 
   std::string phase() const override {
-    if (lgc()) {
-      char b[96];
-      switch (lgc()->next_phase()) {
+    if (lgc_any()) {
+      const auto v = lgc_view();
+      char b[128];
+      switch (v.next_phase) {
         case gradcomp::lgc_phase::full: return "LGC phase 1 (dense)";
         case gradcomp::lgc_phase::topk_training:
-          std::snprintf(b, sizeof b, "LGC phase 2 (top-k, autoencoder training, loss %.4g)", double(lgc()->last_training_loss()));
+          std::snprintf(b, sizeof b, "LGC phase 2 (top-k, autoencoder training, loss %.4g)", double(v.loss));
           return b;
-        case gradcomp::lgc_phase::compressed: return "LGC phase 3 (compressed)";
+        case gradcomp::lgc_phase::compressed:
+          std::snprintf(b, sizeof b, "LGC phase 3 (compressed, own relative error %.3g, fed back on %llu steps",
+                        double(v.rel_error), (unsigned long long)v.feedback_steps);
+          if (v.options->retrain_period == 0) return std::string(b) + ")";
+          return b + (", retraining loss " + std::to_string(v.loss) + ", " + std::to_string(v.broadcasts) + " broadcasts)");
       }
     }
     if (!gq()) return {};
@@ -105,15 +129,18 @@ class sync_exchanger final : public exchanger {
   }
 
   std::string summary() const override {
-    if (lgc()) {
-      char b[300];
+    if (lgc_any()) {
+      const auto v = lgc_view();
+      char b[600];
       std::snprintf(b, sizeof b,
-                    "window %zu, %zu top-k values per step through the autoencoder; compressed layers in phase 3: "
-                    "%.1fx (paper CR incl. indices and weights); autoencoder training steps %llu (rejected %llu), "
-                    "last loss %.4g",
-                    lgc()->options().window, lgc()->layout().mu, compressed_.target_ratio(),
-                    (unsigned long long)lgc()->training_steps(), (unsigned long long)lgc()->rejected_training_steps(),
-                    double(lgc()->last_training_loss()));
+                    "window %zu, %zu top-k values per step through the autoencoder (top-k %.3g%%); compressed layers "
+                    "in phase 3: %.1fx over %zu steps (paper CR incl. indices, scales, headers and %llu weight "
+                    "broadcasts, retrain period %llu); autoencoder training steps %llu (rejected %llu), last loss %.4g; "
+                    "error feedback on %llu steps",
+                    v.options->window, v.layout->mu, v.options->alpha_percent, compressed_.target_ratio(),
+                    compressed_steps_, (unsigned long long)v.broadcasts, (unsigned long long)v.options->retrain_period,
+                    (unsigned long long)v.training_steps, (unsigned long long)v.rejected, double(v.loss),
+                    (unsigned long long)v.feedback_steps);
       return b;
     }
     if (powersgd_steps_ > 0)
@@ -145,6 +172,29 @@ class sync_exchanger final : public exchanger {
   bool gq() const noexcept { return layout().uses_gradiveq(); }
   const gx::lgc_ring_bucket<policy>* lgc() const {
     return dynamic_cast<const gx::lgc_ring_bucket<policy>*>(&ex_.buckets().bucket(0));
+  }
+  const gx::lgc_ps_bucket<policy>* lgc_ps() const {
+    return dynamic_cast<const gx::lgc_ps_bucket<policy>*>(&ex_.buckets().bucket(0));
+  }
+  bool lgc_any() const { return config_ == config_id::lgc || config_ == config_id::lgc_ps; }
+  /// What the demo reads from either LGC bucket.
+  struct lgc_state {
+    gradcomp::lgc_phase next_phase;
+    const gradcomp::lgc_traffic* traffic;
+    const gradcomp::lgc_layout* layout;
+    const gradcomp::lgc_options* options;
+    std::uint64_t training_steps, rejected, broadcasts, feedback_steps;
+    float loss, rel_error;
+  };
+  lgc_state lgc_view() const {
+    if (const auto* r = lgc())
+      return {r->next_phase(), &r->last_traffic(), &r->layout(), &r->options(), r->training_steps(),
+              r->rejected_training_steps(), r->weight_broadcasts(), r->feedback_steps(), r->last_training_loss(),
+              r->last_relative_error()};
+    const auto* p = lgc_ps();
+    return {p->next_phase(), &p->last_traffic(), &p->layout(), &p->options(), p->training_steps(),
+            p->rejected_training_steps(), std::uint64_t(p->steps() > p->options().schedule.first_compressed()), 0,
+            p->last_training_loss(), 0.0f};
   }
 
   static std::string ratio(double r) {
@@ -183,6 +233,8 @@ class sync_exchanger final : public exchanger {
   gx::model_exchange<counted_transport, policy> ex_;
   config_id config_;
   float pre_ = 0.0f, post_ = 0.0f;
+  float phased_momentum_ = 0.0f;  // LGC "phased": momentum SGD in phase 1, plain SGD at lr / (1 - m) after it
+  gradcomp::lgc_phase last_lgc_phase_ = gradcomp::lgc_phase::full;
   double lr_mult_ = 1.0;
   std::vector<std::vector<float>> velocity_;
   codec_counters compressed_;  // the GradiVeQ (PowerSGD) compressed iterations alone

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -53,6 +54,8 @@ class exchanger {
   }
   /// One line for the table's note (phase statistics, bases), or "".
   virtual std::string summary() const { return {}; }
+  /// Further RESULT ratios (name without the configuration prefix, value in x).
+  virtual std::vector<std::pair<std::string, double>> extra_ratios() const { return {}; }
   /// Which layers the codec targets, for the "target ratio" column.
   virtual std::string target_label() const { return "all"; }
   codec_counters counters;

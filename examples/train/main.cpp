@@ -405,6 +405,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
     r.wall_seconds = wall;
     r.curve = std::move(curve);
     r.note = ex->summary();
+    r.extra_ratios = ex->extra_ratios();
   }
 }
 
@@ -665,7 +666,9 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--lgc-topk-percent", o.lgc_topk_percent, "LGC: percent of each layer kept by top-k")
       ->capture_default_str();
   app.add_option("--lgc-phase1", o.lgc_phase1, "LGC: dense warm-up steps")->capture_default_str();
-  app.add_option("--lgc-momentum", o.lgc_momentum, "LGC and momentum: dgc (in the node) or plain (SGD at lr/(1-m))")
+  app.add_option("--lgc-momentum", o.lgc_momentum,
+                 "LGC and momentum: dgc (in the node), plain (SGD at lr/(1-m)), phased (momentum SGD in phase 1, "
+                 "plain after)")
       ->capture_default_str();
   app.add_option("--lgc-feedback", o.lgc_feedback,
                  "LGC: add each node's autoencoder reconstruction error back to its accumulator (beyond the paper)")
@@ -680,6 +683,20 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--homomorphic-block", o.homomorphic_block, "Homomorphic quantizer: values per agreed scale")
       ->capture_default_str();
   app.add_option("--lgc-phase2", o.lgc_phase2, "LGC: top-k steps while the autoencoder trains")
+      ->capture_default_str();
+  app.add_option("--lgc-optimizer", o.lgc_optimizer, "LGC: the autoencoder's optimiser, sgd (the paper) or adam")
+      ->capture_default_str();
+  app.add_option("--lgc-ae-lr", o.lgc_ae_lr, "LGC: the autoencoder's learning rate (the paper: 1e-3)")
+      ->capture_default_str();
+  app.add_option("--lgc-feedback-aggregate", o.lgc_feedback_aggregate,
+                 "LGC ring: every node adds x_k - D(average code) back (they sum to the aggregate's error)")
+      ->capture_default_str();
+  app.add_option("--lgc-feedback-max-error", o.lgc_feedback_max_error,
+                 "LGC: with --lgc-feedback, feed back only on steps whose relative reconstruction error is at most this")
+      ->capture_default_str();
+  app.add_option("--lgc-retrain-period", o.lgc_retrain_period,
+                 "LGC ring: keep training the autoencoder in phase 3 and send its weights every this many steps (0: "
+                 "frozen, the paper)")
       ->capture_default_str();
 
   try {

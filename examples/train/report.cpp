@@ -95,6 +95,8 @@ void print_result_lines(std::ostream& out, const std::vector<run_result>& result
     out << "RESULT " << config_name(r.config) << "_accuracy " << fixed(r.final_accuracy, 2) << " %\n";
     const double ratio = r.counters.encoded_bytes ? r.counters.ratio() : 1.0;
     out << "RESULT " << config_name(r.config) << "_ratio " << fixed(ratio, 2) << " x\n";
+    for (const auto& [name, value] : r.extra_ratios)
+      out << "RESULT " << config_name(r.config) << "_" << name << " " << fixed(value, 2) << " x\n";
   }
 }
 

@@ -12,9 +12,12 @@
 ///    (the trainer's minibatch, eq. 11), then one sum round of the dense layer,
 ///    the top-k-only values and the autoencoder values.
 ///  - phase 3 (compressed, eqs. 16-19): an all-gather of the leader's index set
-///    (at the first compressed step the trainer's weights ride in the same
+///    (at the first compressed step, and every lgc_options::retrain_period
+///    compressed steps after it, the trainer's weights ride in the same
 ///    round), then one sum round of the dense layer, the top-k-only values and
 ///    the codes E(g / s); every rank decodes the average code once (eq. 19).
+///    With retrain_period > 0 (beyond the paper) the trainer keeps training
+///    on its own top-k vector of each compressed step.
 ///
 /// All local work that can fail (accumulation, top-k selection, the leader's
 /// index set) happens in prepare; the accumulator is snapshotted there so that
@@ -167,6 +170,14 @@ class lgc_ring_bucket final : public bucket_codec {
   std::uint64_t training_steps() const noexcept { return training_steps_; }
   std::uint64_t rejected_training_steps() const noexcept { return rejected_; }
   float last_training_loss() const noexcept { return last_loss_; }
+  /// Weight broadcasts so far (the first compressed step's and the retrained ones).
+  std::uint64_t weight_broadcasts() const noexcept { return broadcasts_; }
+  /// Compressed steps on which this rank fed its reconstruction error back
+  /// (lgc_options::feedback_reconstruction_error, gated by feedback_max_error).
+  std::uint64_t feedback_steps() const noexcept { return feedback_steps_; }
+  /// This rank's relative reconstruction error of its own top-k vector at the
+  /// last compressed step with feedback on (||x - D(E(x))||^2 / ||x||^2).
+  float last_relative_error() const noexcept { return last_rel_error_; }
   /// Payload bytes of the last step as lgc_ring_node counts them (the paper's
   /// CR: every payload this rank produced, once; wire_bytes stays 0: the
   /// exchange's statistics have the wire).
@@ -178,6 +189,8 @@ class lgc_ring_bucket final : public bucket_codec {
     if (ctx.ranks != ranks_ || ctx.rank != rank_) throw state_error("lgc_ring_bucket: another rank or world size");
     phase_ = opt_.schedule.phase(step_);
     first_compressed_ = phase_ == lgc_phase::compressed && step_ == opt_.schedule.first_compressed();
+    weights_step_ = first_compressed_ || (phase_ == lgc_phase::compressed && opt_.retrain_period > 0 &&
+                                          (step_ - opt_.schedule.first_compressed()) % opt_.retrain_period == 0);
     undo_u_.clear();
     undo_v_.clear();
     index_bytes_.clear();
@@ -213,7 +226,7 @@ class lgc_ring_bucket final : public bucket_codec {
       index_bytes_ = wire::serialize(index_set_);
       traffic_.payload_bytes += index_bytes_.size();
     }
-    if (first_compressed_ && trainer_) {
+    if (weights_step_ && trainer_) {
       weights_bytes_ = trainer_->network().save();
       traffic_.payload_bytes += weights_bytes_.size();
     }
@@ -298,6 +311,7 @@ class lgc_ring_bucket final : public bucket_codec {
         decoded_.resize(layout_.mu);
         const auto& codec = pending_codec_ ? *pending_codec_ : *codec_;
         codec.decode(std::span<const float>(avg_), std::span<const float>(index_set_.scales), decoded_, decode_ws_);
+        if (opt_.feedback_aggregate_error) aggregate_feedback();
         for (float& v : decoded_) v *= float(ranks_);
         values = decoded_;
       }
@@ -313,8 +327,10 @@ class lgc_ring_bucket final : public bucket_codec {
           for (std::uint32_t i : idx) s[i] = values[v++];
       }
     }
-    if (phase_ == lgc_phase::topk_training && trainer_) {
+    const bool retrain = phase_ == lgc_phase::compressed && opt_.retrain_period > 0;  // on its own vector
+    if (trainer_ && (phase_ == lgc_phase::topk_training || retrain)) {
       std::vector<std::span<const float>> views(gathered_mid_.begin(), gathered_mid_.end());
+      if (retrain) views.assign(1, std::span<const float>(mid_));
       try {
         last_loss_ = trainer_->step_ring(views, std::span<const float>(index_set_.scales));
         ++training_steps_;
@@ -322,10 +338,11 @@ class lgc_ring_bucket final : public bucket_codec {
         ++rejected_;  // rolled back by the trainer: the weights stay finite
       }
     }
-    if (first_compressed_) {
+    if (weights_step_) {
       net_ = std::move(pending_net_);
       codec_ = std::move(pending_codec_);
-      trainer_.reset();
+      ++broadcasts_;
+      if (opt_.retrain_period == 0) trainer_.reset();
     }
     pending_net_.reset();
     pending_codec_.reset();
@@ -380,7 +397,8 @@ class lgc_ring_bucket final : public bucket_codec {
     r.expect_end();
     auto net = std::make_shared<lgc_network>(*net_);
     net->load(parts[1]);
-    const bool trains = rank_ == opt_.trainer_rank && step <= opt_.schedule.first_compressed();
+    const bool trains =
+        rank_ == opt_.trainer_rank && (step <= opt_.schedule.first_compressed() || opt_.retrain_period > 0);
     auto trainer = detail::restore_lgc_trainer(*net_, parts[2], trains, opt_, "lgc_ring_bucket state");
     std::optional<autoencoder_codec<Policy>> codec;
     codec.emplace(net, layout_.mu);
@@ -434,6 +452,31 @@ class lgc_ring_bucket final : public bucket_codec {
     bytes_[last] += n - given;
   }
 
+  /// lgc_options::feedback_aggregate_error: v_k += x_k - D(average code) at
+  /// the index set (decoded_ holds D(average code)), when the relative error
+  /// ||x_k - D||^2 / ||x_k||^2 is at most feedback_max_error.
+  void aggregate_feedback() {
+    double err = 0.0, norm = 0.0;
+    for (std::size_t e = 0; e < mid_.size(); ++e) {
+      const double d = double(mid_[e]) - double(decoded_[e]);
+      err += d * d;
+      norm += double(mid_[e]) * double(mid_[e]);
+    }
+    last_rel_error_ = norm > 0.0 ? float(err / norm) : 0.0f;
+    if (!(last_rel_error_ <= opt_.feedback_max_error)) return;
+    ++feedback_steps_;
+    std::size_t at = 0;
+    for (std::size_t l = 0, j = 0; l < layout_.sizes.size(); ++l) {
+      if (layout_.roles[l] == lgc_layer_role::dense) continue;
+      const auto& idx = index_set_.indices[j++];
+      if (layout_.roles[l] != lgc_layer_role::autoencoder) continue;
+      for (std::uint32_t i : idx) {
+        acc_.v[l][i] += mid_[at] - decoded_[at];
+        ++at;
+      }
+    }
+  }
+
   lgc_index_payload select_indices() {
     lgc_index_payload p;
     std::vector<float> mid_vals;
@@ -460,7 +503,7 @@ class lgc_ring_bucket final : public bucket_codec {
       index_set_ = wire::parse<lgc_index_payload>(from_leader[0]);
       check_index_set(index_set_);
     }
-    if (first_compressed_) {
+    if (weights_step_) {
       const auto from_trainer = detail::unpack_blobs(gathered[std::size_t(opt_.trainer_rank)], 2, "lgc_ring_bucket round 0");
       auto fresh = std::make_shared<lgc_network>(trainer_ ? trainer_->network() : *net_);
       if (!trainer_) fresh->load(from_trainer[1]);
@@ -485,6 +528,15 @@ class lgc_ring_bucket final : public bucket_codec {
     if (opt_.feedback_reconstruction_error) {  // beyond the paper (lgc_options): v += mid - decode(own code)
       own_.resize(layout_.mu);
       codec.decode(std::span<const float>(code_.codes), std::span<const float>(index_set_.scales), own_, decode_ws_);
+      double err = 0.0, norm = 0.0;
+      for (std::size_t e = 0; e < own_.size(); ++e) {
+        const double d = double(mid_[e]) - double(own_[e]);
+        err += d * d;
+        norm += double(mid_[e]) * double(mid_[e]);
+      }
+      last_rel_error_ = norm > 0.0 ? float(err / norm) : 0.0f;
+      if (!(last_rel_error_ <= opt_.feedback_max_error)) return;  // not tracking its inputs (yet)
+      ++feedback_steps_;
       std::size_t at = 0;
       for (std::size_t l = 0, j = 0; l < layout_.sizes.size(); ++l) {
         if (layout_.roles[l] == lgc_layer_role::dense) continue;
@@ -524,10 +576,10 @@ class lgc_ring_bucket final : public bucket_codec {
   gradcomp::detail::lgc_accumulator<Policy> acc_;
   std::vector<std::vector<float>> undo_u_, undo_v_;
   execution::topk_workspace ws_;
-  std::uint64_t step_ = 0, training_steps_ = 0, rejected_ = 0;
-  float last_loss_ = 0.0f;
+  std::uint64_t step_ = 0, training_steps_ = 0, rejected_ = 0, broadcasts_ = 0, feedback_steps_ = 0;
+  float last_loss_ = 0.0f, last_rel_error_ = 0.0f;
   lgc_phase phase_ = lgc_phase::full;
-  bool first_compressed_ = false;
+  bool first_compressed_ = false, weights_step_ = false;
   std::size_t dense_n_ = 0;
   lgc_traffic traffic_;
   lgc_index_payload index_set_;

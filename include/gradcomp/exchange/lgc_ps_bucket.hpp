@@ -56,10 +56,19 @@ class lgc_ps_bucket final : public bucket_codec {
 
   /// LGC's layer layout of the bucket.
   const lgc_layout& layout() const noexcept { return layout_; }
-  /// Completed steps.
+  /// plan_options::lgc with the first/last flags of the grouping.
+  const lgc_options& options() const noexcept { return opt_; }
+  /// Completed steps; the phase of the next one.
   std::uint64_t steps() const noexcept { return step_; }
+  lgc_phase next_phase() const noexcept { return opt_.schedule.phase(step_); }
   std::uint64_t training_steps() const noexcept { return training_steps_; }
+  std::uint64_t rejected_training_steps() const noexcept { return rejected_; }
   float last_training_loss() const noexcept { return last_loss_; }
+  /// Payload bytes of the last step, the paper's CR as lgc_ring_bucket counts
+  /// them: every payload this rank produced, once (the dense sum's float32
+  /// body with a header, the top-k-only COO, the own top-k or innovation COO,
+  /// the common worker's index set and code, the trainer's weights).
+  const lgc_traffic& last_traffic() const noexcept { return traffic_; }
   /// The worker whose code feeds every decoder in training step `step` (as lgc_ps_server).
   std::size_t training_common(std::uint64_t step) const noexcept {
     return std::size_t(gradcomp::detail::counter_rng(opt_.seed ^ 0x4C47435053ull).stream(step).below(0, std::uint64_t(ranks_)));
@@ -79,6 +88,8 @@ class lgc_ps_bucket final : public bucket_codec {
     dense_sum_ = {};
     gathered_ = {};
     std::fill(bytes_.begin(), bytes_.end(), 0);
+    traffic_ = {};
+    traffic_.original_bytes = 4 * layout_.total;
   }
 
   void prepare(const step_context&, std::span<const std::span<const float>> in) override {
@@ -112,6 +123,7 @@ class lgc_ps_bucket final : public bucket_codec {
       }
     }
     sparse_.values = mid_;
+    traffic_.payload_bytes += gradcomp::detail::lgc_dense_bytes(dense_.size());
     if (phase_ == lgc_phase::compressed) {  // Alg. 1: the innovation of each autoencoder layer
       sparse_coo_payload inn;
       inn.length = layout_.space;
@@ -133,8 +145,11 @@ class lgc_ps_bucket final : public bucket_codec {
   }
 
   std::vector<std::byte> contribute(std::size_t r) override {
-    if (first_compressed_ && r == 0)
-      return trainer_ ? lgc_network(trainer_->network()).save() : std::vector<std::byte>{};
+    if (first_compressed_ && r == 0) {
+      auto weights = trainer_ ? lgc_network(trainer_->network()).save() : std::vector<std::byte>{};
+      traffic_.payload_bytes += weights.size();
+      return weights;
+    }
     std::vector<std::vector<std::byte>> parts(4);
     if (layout_.topk_values) parts[0] = wire::serialize(last_);
     parts[1] = wire::serialize(phase_ == lgc_phase::compressed ? innovation_ : sparse_);
@@ -152,6 +167,7 @@ class lgc_ps_bucket final : public bucket_codec {
       codec.encode(mid_, code);
       parts[3] = wire::serialize(code);
     }
+    for (const auto& part : parts) traffic_.payload_bytes += part.size();
     if (group_.last >= 0) bytes_[std::size_t(group_.last)] += parts[0].size();
     const std::size_t first = group_.dense.empty() ? 0 : 1;
     if (first < layout_.sizes.size()) bytes_[position(first)] += parts[1].size() + parts[2].size() + parts[3].size();
@@ -311,7 +327,7 @@ class lgc_ps_bucket final : public bucket_codec {
       last_loss_ = trainer_->step_ps(xs, hs, r, scales, opt_.lambda1, opt_.lambda2);
       ++training_steps_;
     } catch (const non_finite_error&) {
-      // rolled back by the trainer: the weights stay finite
+      ++rejected_;  // rolled back by the trainer: the weights stay finite
     }
   }
 
@@ -355,8 +371,9 @@ class lgc_ps_bucket final : public bucket_codec {
   gradcomp::detail::lgc_accumulator<Policy> acc_;
   std::vector<std::vector<float>> undo_u_, undo_v_;
   execution::topk_workspace ws_;
-  std::uint64_t step_ = 0, training_steps_ = 0;
+  std::uint64_t step_ = 0, training_steps_ = 0, rejected_ = 0;
   float last_loss_ = 0.0f;
+  lgc_traffic traffic_;
   lgc_phase phase_ = lgc_phase::full;
   bool first_compressed_ = false;
   std::vector<round_spec> specs_;

@@ -323,6 +323,12 @@ class plan {
         w.put<std::uint64_t>(ch->size());
         for (auto c : *ch) w.put<std::uint64_t>(c);
       }
+      if (l.retrain_period != 0 || l.feedback_max_error != std::numeric_limits<float>::infinity() ||
+          l.feedback_aggregate_error) {
+        w.put<std::uint64_t>(l.retrain_period + (std::uint64_t(l.feedback_aggregate_error) << 63));  // beyond the
+        // paper; absent otherwise (same fingerprints)
+        w.put<double>(double(l.feedback_max_error));
+      }
     }
     return wire::crc32c(0, bytes);
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,22 @@ struct lgc_options {
   /// as the unsent entries are kept, so the autoencoder's error is delayed
   /// rather than lost (error feedback). Costs one extra decode per step.
   bool feedback_reconstruction_error = false;
+  /// Beyond the paper (ring form), the aggregate's error instead: every node
+  /// adds x_k - D(average code) to its accumulator at the index set, so the
+  /// nodes' additions sum to the aggregate's reconstruction error
+  /// sum_k x_k - N D(average code) (no extra decode, nothing lost in total).
+  bool feedback_aggregate_error = false;
+  /// With either feedback: feed the error back only on steps
+  /// whose relative reconstruction error ||x - D(E(x))||^2 / ||x||^2 of the
+  /// node's own top-k vector is at most this (the autoencoder tracks its
+  /// inputs); +inf: every compressed step.
+  float feedback_max_error = std::numeric_limits<float>::infinity();
+  /// Beyond the paper (ring form): 0 keeps the paper's frozen autoencoder in
+  /// phase 3. P > 0: the trainer rank keeps training it in phase 3 on its own
+  /// top-k vector of each step (no bytes), and every P compressed steps the
+  /// retrained weights ride the index-set round to every rank, which code
+  /// with them from that step on (each broadcast counted as payload).
+  std::uint64_t retrain_period = 0;
   std::size_t window = 1024;         ///< autoencoder window (multiple of 2^depth)
   lgc_architecture architecture{};
   lgc_schedule schedule{};
@@ -88,6 +105,7 @@ struct lgc_options {
       throw invalid_argument_error("lgc: learning rate must be finite and > 0");
     if (!(lambda1 >= 0.0f && lambda2 >= 0.0f) || !std::isfinite(lambda1) || !std::isfinite(lambda2))
       throw invalid_argument_error("lgc: lambdas must be finite and >= 0");
+    if (!(feedback_max_error >= 0.0f)) throw invalid_argument_error("lgc: feedback_max_error must be >= 0");
     if (deflate_level < -1 || deflate_level > 9) throw invalid_argument_error("lgc: DEFLATE level must be in [-1, 9]");
     tags::check_tag_base(tags::lgc, tag_base, lgc_tag_width, "lgc_options");
     architecture.validate();
