@@ -220,6 +220,7 @@ const std::vector<method>& methods() {
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::pipelined_ring); }));
     m.push_back(dense_method("gc_rabenseifner", "rabenseifner",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner); }));
+    m.push_back(dense_method("gc_direct", "direct", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::direct); }));
     m.push_back(dense_method("gc_hierarchical", "hierarchical",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::hierarchical); }));
     // The hand-off to the MPI library (MPI_Allreduce under the best algorithm's setting): not one of
@@ -303,7 +304,7 @@ const char* rules_text =
     "  - SMPI_SAMPLE: used nowhere\n"
     "  - every addition, encode and decode of gradcomp in user code on the calling thread (policy %s, Eigen %d thread):\n"
     "    no MPI_Reduce_local, no user MPI_Op, no helper threads (SMPI charges nothing for those)\n"
-    "  - messages >= 64 KB wherever a schedule chooses the size (pipelined ring, Rabenseifner, hierarchical: chunks of\n"
+    "  - messages >= 64 KB wherever a schedule chooses the size (pipelined ring, Rabenseifner, hierarchical, direct: chunks of\n"
     "    32768 floats = 128 KiB; the plain ring does not choose: segments = bucket / N)\n"
     "  - SimGrid's default SMPI network model as shipped (bandwidth/latency factors, cross-traffic) for every method\n"
     "  - gradcomp's own small collectives (the bench's barrier and timing reduction) run under the same\n"
@@ -376,6 +377,7 @@ int fit_model(const std::string& grid) {
   model.inter.seconds_per_byte = sxy / sxx;
   model.inter.latency_s = std::max(0.0, my - model.inter.seconds_per_byte * mx);
   model.intra = model.inter;
+  model.price_direct = true;  // the platforms are flat non-blocking switches (a fact of the topology, like group_size)
   const std::size_t n = std::size_t{1} << 22;
   std::vector<float> acc(n, 1.0f), x(n, 2.0f);
   model.add_s = gb::best_cpu_seconds(15, [&] {
