@@ -110,6 +110,7 @@ struct context {
   mpi_transport& transport;
   int rank = 0, size = 1;
   int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
+  std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
 };
 
 /// gradcomp's schedule `kind` (chunks of 32768 floats = 128 KiB, >= 64 KB) over one span.
@@ -117,6 +118,7 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   gradcomp::schedule_options o;
   o.kind = kind;
   o.group_size = c.group;
+  o.chunk_elements = c.chunk;
   if (kind == gradcomp::schedule_kind::ring) gradcomp::ring_allreduce(policy{}, c.transport, x);
   else gradcomp::allreduce(policy{}, c.transport, x, o);
 }
@@ -412,6 +414,7 @@ int fit_model(const std::string& grid) {
 int main(int argc, char** argv) {
   std::string method_name, spec = "resnet50", label, model_grid;
   int repeats = 1, group = 0;
+  std::size_t chunk = 32768;
   bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
   for (int i = 1; i < argc; ++i) {
@@ -422,6 +425,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--label") label = next();
     else if (a == "--group") group = std::atoi(next().c_str());
+    else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
     else if (a == "--list") list = true;
@@ -441,7 +445,7 @@ int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
   if (do_model) return fit_model(model_grid);
   mpi_transport transport(MPI_COMM_WORLD);
-  context c{transport, transport.rank(), transport.size(), group};
+  context c{transport, transport.rank(), transport.size(), group, chunk};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());

@@ -49,11 +49,12 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   using slot = typename float_link<T>::slot;
 
   // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
-  std::vector<float> scratch(mine.size() * static_cast<std::size_t>(n - 1));
+  scratch_floats space;
+  const std::span<float> scratch = space.first(mine.size() * static_cast<std::size_t>(n - 1));
   std::vector<std::vector<slot>> in(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k) {
     const int peer = (r + k) % n;
-    const std::span<float> into = std::span<float>(scratch).subspan(mine.size() * std::size_t(k - 1), mine.size());
+    const std::span<float> into = scratch.subspan(mine.size() * std::size_t(k - 1), mine.size());
     for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
       in[std::size_t(k - 1)].push_back(link.post(peer, tag, link_chunk(into, chunk, c)));
   }
