@@ -94,6 +94,10 @@ TEST_CASE("cost model: the direct schedule is priced only on request, two phases
   CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(want).epsilon(1e-12));
   // Two latency steps against Rabenseifner's four: small messages go direct.
   CHECK(gradcomp::predict(m, p).best == schedule_kind::direct);
+  // Chunks do not hide the additions of the direct schedule (the N-1 copies arrive together).
+  m.chunk_elements = 100;
+  m.message_overhead_s = 0;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(want).epsilon(1e-12));
   gradcomp::cost_problem c = p;
   c.compressed = true;
   CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::direct, c)));

@@ -97,8 +97,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta)
 ///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
 ///                  across groups, then (g-1) all-gather hops inside (dense; 1 < g < N, g | N)
-///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m), the first
-///                  added, both chunked: 2 alpha + 2 (N-1)/N 4m beta (+ the additions not overlapped) (dense only)
+///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m): 2 alpha +
+///                  2 (N-1)/N 4m beta + (N-1)/N m gamma, the additions after the transfer (the copies share
+///                  the port fairly and arrive together), the second phase chunked (dense only)
 /// plus, for a codec, (encode_s + decode_s) x elements. gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
@@ -139,7 +140,9 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
     case schedule_kind::direct: {
       if (p.compressed || !m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
-      return detail::cost_hop(m.inter, 4.0 * moved, moved, m, true) + detail::cost_hop(m.inter, 4.0 * moved, 0.0, m, true);
+      // The N-1 copies share the owner's port fairly, so they all arrive at the end of the phase: the
+      // additions follow the transfer instead of hiding behind it (no chunk overlap in the first phase).
+      return detail::cost_hop(m.inter, 4.0 * moved, moved, m, false) + detail::cost_hop(m.inter, 4.0 * moved, 0.0, m, true);
     }
     case schedule_kind::library: return inf;
   }
