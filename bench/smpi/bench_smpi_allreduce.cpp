@@ -3,7 +3,8 @@
 // CMakeLists.txt, run by bench/smpi/run). Issue 21, items 6-8.
 //
 //   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
-//       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>]
+//       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>] [--group G]
+//   smpirun -np 2 -platform P2.xml ... bench_smpi_allreduce --model N:floats,...   (the cost model's fit and picks)
 //   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
 //   bench_smpi_allreduce --list                                           (the methods, no MPI)
 //
@@ -17,8 +18,9 @@
 // of gradcomp runs in user code on the calling thread (execution policy simd
 // or seq, Eigen on one thread; no MPI_Reduce_local, no user MPI_Op, no helper
 // threads), so SMPI charges it through smpi/host-speed; SMPI_SAMPLE is used
-// nowhere; gradcomp's schedules here never choose a message size (the ring's
-// messages are the bucket's N segments).
+// nowhere; where a schedule chooses a message size (the chunks of the
+// pipelined ring, Rabenseifner and the hierarchical ring) it is 32768 floats =
+// 128 KiB (>= 64 KB); the plain ring's messages are the bucket's N segments.
 //
 // Methods are one entry each in methods(): a gradcomp schedule is added as a
 // `dense_method` (a function all-reducing one float span over mpi_transport)
@@ -26,9 +28,12 @@
 #include <mpi.h>
 
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/half.hpp>
+#include <gradcomp/homomorphic.hpp>
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/schedules.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/transport/mpi.hpp>
 #include <gradcomp/two_bit.hpp>
@@ -40,6 +45,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -103,7 +109,19 @@ void fill_gradient(std::span<float> g, int rank, std::size_t bucket_index) {
 struct context {
   mpi_transport& transport;
   int rank = 0, size = 1;
+  int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
+  std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
 };
+
+/// gradcomp's schedule `kind` (chunks of 32768 floats = 128 KiB, >= 64 KB) over one span.
+void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind kind) {
+  gradcomp::schedule_options o;
+  o.kind = kind;
+  o.group_size = c.group;
+  o.chunk_elements = c.chunk;
+  if (kind == gradcomp::schedule_kind::ring) gradcomp::ring_allreduce(policy{}, c.transport, x);
+  else gradcomp::allreduce(policy{}, c.transport, x, o);
+}
 
 /// One method's state over the buckets of one gradient: step() all-reduces every bucket once.
 struct runner {
@@ -131,15 +149,16 @@ struct codec_runner final : runner {
   context& c;
   std::vector<std::unique_ptr<State>> states;  // null for dense buckets
   std::function<void(context&, State&, std::span<float>)> run;
+  gradcomp::schedule_kind dense_kind;
   codec_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<State>(context&, std::size_t)>& make,
-               std::function<void(context&, State&, std::span<float>)> r)
-      : c(cx), run(std::move(r)) {
+               std::function<void(context&, State&, std::span<float>)> r, gradcomp::schedule_kind dk)
+      : c(cx), run(std::move(r)), dense_kind(dk) {
     for (const auto& b : layout) states.push_back(b.compressible ? make(c, b.elements) : nullptr);
   }
   void step(std::vector<std::vector<float>>& buckets) override {
     for (std::size_t i = 0; i < buckets.size(); ++i) {
       if (states[i]) run(c, *states[i], std::span<float>(buckets[i]));
-      else gradcomp::ring_allreduce(policy{}, c.transport, std::span<float>(buckets[i]));
+      else schedule_allreduce(c, std::span<float>(buckets[i]), dense_kind);
     }
   }
 };
@@ -159,13 +178,15 @@ method dense_method(std::string name, std::string schedule, span_allreduce fn) {
           }};
 }
 
+/// A codec method; its dense buckets (fc layer, batch norms) go through gradcomp's `dense_kind` schedule.
 template <class State>
 method codec_method(std::string name, std::string codec, std::string schedule,
                     std::function<std::unique_ptr<State>(context&, std::size_t)> make,
-                    std::function<void(context&, State&, std::span<float>)> run) {
+                    std::function<void(context&, State&, std::span<float>)> run,
+                    gradcomp::schedule_kind dense_kind = gradcomp::schedule_kind::ring) {
   return {std::move(name), std::move(codec), std::move(schedule), true,
-          [make, run](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
-            return std::make_unique<codec_runner<State>>(c, layout, make, run);
+          [make, run, dense_kind](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
+            return std::make_unique<codec_runner<State>>(c, layout, make, run, dense_kind);
           }};
 }
 
@@ -194,14 +215,59 @@ const std::vector<method>& methods() {
     m.push_back(dense_method("mpi_allreduce", "mpi_allreduce", [](context&, std::span<float> x) {
       MPI_Allreduce(MPI_IN_PLACE, x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }));
-    // gradcomp's dense schedules.
-    m.push_back(dense_method("gc_ring", "ring", [](context& c, std::span<float> x) {
-      gradcomp::ring_allreduce(policy{}, c.transport, x);
-    }));
+    // gradcomp's dense schedules (schedules.hpp).
+    using sk = gradcomp::schedule_kind;
+    m.push_back(dense_method("gc_ring", "ring", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::ring); }));
+    m.push_back(dense_method("gc_pipelined_ring", "pipelined_ring",
+                             [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::pipelined_ring); }));
+    m.push_back(dense_method("gc_rabenseifner", "rabenseifner",
+                             [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner); }));
+    m.push_back(dense_method("gc_direct", "direct", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::direct); }));
+    m.push_back(dense_method("gc_hierarchical", "hierarchical",
+                             [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::hierarchical); }));
+    // The hand-off to the MPI library (MPI_Allreduce under the best algorithm's setting): not one of
+    // gradcomp's own schedules (the runner does not count it as "gradcomp dense").
+    m.push_back(dense_method("gc_library", "library", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::library); }));
     // gradcomp's compressed schedules.
     m.push_back(codec_method<gradiveq_codec>(
         "gc_gradiveq_ring", "gradiveq", "ring", make_gradiveq,
         [](context& c, gradiveq_codec& q, std::span<float> x) { gradcomp::ring_allreduce_linear(policy{}, c.transport, q, x); }));
+    m.push_back(codec_method<gradiveq_codec>(
+        "gc_gradiveq_rabenseifner", "gradiveq", "rabenseifner", make_gradiveq,
+        [](context& c, gradiveq_codec& q, std::span<float> x) {
+          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+        },
+        sk::rabenseifner));
+    // fp16 / bf16 (half.hpp): 16-bit payloads, one rounding per hop on the ring (add_raw_and_reencode)
+    using fp16 = gradcomp::fp16_codec<policy>;
+    using bf16 = gradcomp::bf16_codec<policy>;
+    m.push_back(codec_method<fp16>(
+        "gc_fp16_ring", "fp16", "ring", [](context&, std::size_t) { return std::make_unique<fp16>(); },
+        [](context& c, fp16& q, std::span<float> x) { gradcomp::ring_allreduce_linear(policy{}, c.transport, q, x); }));
+    m.push_back(codec_method<fp16>(
+        "gc_fp16_rabenseifner", "fp16", "rabenseifner", [](context&, std::size_t) { return std::make_unique<fp16>(); },
+        [](context& c, fp16& q, std::span<float> x) {
+          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+        },
+        sk::rabenseifner));
+    m.push_back(codec_method<bf16>(
+        "gc_bf16_ring", "bf16", "ring", [](context&, std::size_t) { return std::make_unique<bf16>(); },
+        [](context& c, bf16& q, std::span<float> x) { gradcomp::ring_allreduce_linear(policy{}, c.transport, q, x); }));
+    m.push_back(codec_method<bf16>(
+        "gc_bf16_rabenseifner", "bf16", "rabenseifner", [](context&, std::size_t) { return std::make_unique<bf16>(); },
+        [](context& c, bf16& q, std::span<float> x) {
+          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+        },
+        sk::rabenseifner));
+    // The homomorphic quantizer (agreed scales: a ring max of the block scales, then integer sums on the ring).
+    using homomorphic = gradcomp::homomorphic_quantizer<policy>;
+    m.push_back(codec_method<homomorphic>(
+        "gc_homomorphic_ring", "homomorphic", "ring",
+        [](context& c, std::size_t) {
+          return std::make_unique<homomorphic>(gradcomp::homomorphic_options{.seed = 7, .worker = std::size_t(c.rank)},
+                                               std::size_t(c.size));
+        },
+        [](context& c, homomorphic& q, std::span<float> x) { gradcomp::ring_allreduce_linear(policy{}, c.transport, q, x); }));
     using qsgd_ring = std::vector<gradcomp::qsgd<policy>>;
     m.push_back(codec_method<qsgd_ring>(
         "gc_qsgd4_reencode_ring", "qsgd4", "reencode_ring",
@@ -240,7 +306,8 @@ const char* rules_text =
     "  - SMPI_SAMPLE: used nowhere\n"
     "  - every addition, encode and decode of gradcomp in user code on the calling thread (policy %s, Eigen %d thread):\n"
     "    no MPI_Reduce_local, no user MPI_Op, no helper threads (SMPI charges nothing for those)\n"
-    "  - messages >= 64 KB wherever a schedule chooses the size (gradcomp's rings do not choose: segments = bucket / N)\n"
+    "  - messages >= 64 KB wherever a schedule chooses the size (pipelined ring, Rabenseifner, hierarchical, direct: chunks of\n"
+    "    32768 floats = 128 KiB; the plain ring does not choose: segments = bucket / N)\n"
     "  - SimGrid's default SMPI network model as shipped (bandwidth/latency factors, cross-traffic) for every method\n"
     "  - gradcomp's own small collectives (the bench's barrier and timing reduction) run under the same\n"
     "    smpi/allreduce setting as the best MPI_Allreduce algorithm's run\n";
@@ -271,11 +338,84 @@ int calibrate() {
   return 0;
 }
 
+/// The cost model fitted from a simulated 2-rank ping-pong (rank 0 <-> 1, one-way time of messages of
+/// 64 KB to 16 MB, least squares: alpha + bytes x beta, in MPI_Wtime = simulated time) and the measured
+/// per-element cost of the addition (thread CPU time, as the host speed), then the model's prediction of
+/// every schedule for each "N:floats" of `grid` (printed by rank 0 as MODEL / PICK lines). Nothing here
+/// sees the grid's measured times. Runs under smpirun -np 2 on a 2-node platform of the link class.
+int fit_model(const std::string& grid) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 2) {
+    if (rank == 0) std::fprintf(stderr, "--model needs exactly 2 ranks\n");
+    return 2;
+  }
+  std::vector<double> xs, ys;
+  std::vector<char> buf(std::size_t{16} << 20);
+  for (std::size_t bytes = std::size_t{64} << 10; bytes <= buf.size(); bytes *= 4) {
+    double best = 1e300;
+    for (int r = 0; r < 3; ++r) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      if (rank == 0) {
+        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 1, 7, MPI_COMM_WORLD);
+        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Recv(buf.data(), int(bytes), MPI_BYTE, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(buf.data(), int(bytes), MPI_BYTE, 0, 7, MPI_COMM_WORLD);
+      }
+      best = std::min(best, (MPI_Wtime() - t0) / 2);
+    }
+    xs.push_back(double(bytes));
+    ys.push_back(best);
+  }
+  double mx = 0, my = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) mx += xs[i], my += ys[i];
+  mx /= double(xs.size()), my /= double(xs.size());
+  double sxy = 0, sxx = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) sxy += (xs[i] - mx) * (ys[i] - my), sxx += (xs[i] - mx) * (xs[i] - mx);
+  gradcomp::cost_model model;
+  model.inter.seconds_per_byte = sxy / sxx;
+  model.inter.latency_s = std::max(0.0, my - model.inter.seconds_per_byte * mx);
+  model.intra = model.inter;
+  model.price_direct = true;  // the platforms are flat non-blocking switches (a fact of the topology, like group_size)
+  const std::size_t n = std::size_t{1} << 22;
+  std::vector<float> acc(n, 1.0f), x(n, 2.0f);
+  model.add_s = gb::best_cpu_seconds(15, [&] {
+                  gradcomp::execution::add_into(policy{}, std::span<float>(acc), std::span<const float>(x));
+                  gb::do_not_optimize(acc[n / 3]);
+                }) / double(n);
+  if (rank != 0) return 0;
+  std::printf("MODEL latency_s=%.6g seconds_per_byte=%.6g gbit=%.4g add_s=%.4g chunk=%zu\n", model.inter.latency_s,
+              model.inter.seconds_per_byte, 8e-9 / model.inter.seconds_per_byte, model.add_s, model.chunk_elements);
+  for (std::size_t at = 0; at < grid.size();) {
+    std::size_t end = grid.find(',', at);
+    if (end == std::string::npos) end = grid.size();
+    const std::string item = grid.substr(at, end - at);
+    at = end + 1;
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) continue;
+    gradcomp::cost_problem pr;
+    pr.ranks = std::atoi(item.substr(0, colon).c_str());
+    pr.elements = std::strtoull(item.c_str() + colon + 1, nullptr, 10);
+    const auto pred = gradcomp::predict(model, pr);
+    std::printf("PICK nodes=%d floats=%zu best=%s", pr.ranks, pr.elements, gradcomp::to_string(pred.best));
+    for (std::size_t k = 0; k < gradcomp::schedule_kind_count; ++k)
+      if (std::isfinite(pred.seconds[k]))
+        std::printf(" %s=%.6g", gradcomp::to_string(static_cast<gradcomp::schedule_kind>(k)), pred.seconds[k]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string method_name, spec = "resnet50", label;
-  int repeats = 1;
+  std::string method_name, spec = "resnet50", label, model_grid;
+  int repeats = 1, group = 0;
+  std::size_t chunk = 32768;
+  bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -284,6 +424,9 @@ int main(int argc, char** argv) {
     else if (a == "--gradient") spec = next();
     else if (a == "--repeats") repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--label") label = next();
+    else if (a == "--group") group = std::atoi(next().c_str());
+    else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
     else if (a == "--list") list = true;
     else if (a == "--rules") rules = true;
@@ -300,8 +443,9 @@ int main(int argc, char** argv) {
   if (do_calibrate) return calibrate();
 
   gradcomp::transport::mpi_environment env(&argc, &argv);
+  if (do_model) return fit_model(model_grid);
   mpi_transport transport(MPI_COMM_WORLD);
-  context c{transport, transport.rank(), transport.size()};
+  context c{transport, transport.rank(), transport.size(), group, chunk};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());

@@ -15,6 +15,7 @@
 /// | rabenseifner    | schedules/rabenseifner.hpp      | 2 log2 p (+2) | 2(p-1)/p (+1 for folded pairs) |
 /// | hierarchical    | schedules/hierarchical.hpp      | 2(g-1)+2(G-1) | 2(g-1)/g + 2(G-1)/(gG)         |
 /// | library         | schedules/library.hpp           | the library's | the library's                  |
+/// | direct          | schedules/direct.hpp            | 2             | 2(N-1)/N, N-1 messages at once |
 ///
 /// Every schedule leaves bit-identical values on every rank: each element
 /// is summed by one rank and its bits copied to the others. The cost model
@@ -31,6 +32,7 @@
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/schedules/agreement.hpp>
 #include <gradcomp/schedules/cost_model.hpp>
+#include <gradcomp/schedules/direct.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>
 #include <gradcomp/schedules/library.hpp>
 #include <gradcomp/schedules/link.hpp>
@@ -74,6 +76,7 @@ ring_stats allreduce_with(T& t, std::span<float> data, const schedule_options& o
     case schedule_kind::pipelined_ring: return pipelined_ring_impl(t, data, o, add);
     case schedule_kind::rabenseifner: return rabenseifner_impl(t, data, o, add);
     case schedule_kind::hierarchical: return hierarchical_impl(t, data, o, add);
+    case schedule_kind::direct: return direct_impl(t, data, o, add);
     case schedule_kind::library:
       if constexpr (LibraryAllreduceTransport<T>) {
         if constexpr (std::is_same_v<std::remove_cvref_t<Add>, float_adder<Policy>>) return library_allreduce(t, data, o);

@@ -74,7 +74,7 @@ TEST_CASE("mpi schedules: every schedule sums, the same bits on every rank, awkw
     transport::mpi_transport t(MPI_COMM_WORLD, opts);
     for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7), std::size_t(1001), std::size_t(70001)})
       for (schedule_kind kind : {schedule_kind::ring, schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
-                                 schedule_kind::hierarchical, schedule_kind::library})
+                                 schedule_kind::hierarchical, schedule_kind::library, schedule_kind::direct})
         for (bool average : {false, true}) {
           CAPTURE(len);
           const std::string kind_name = to_string(kind);

@@ -53,6 +53,11 @@ struct cost_model {
   double message_overhead_s = 2e-6;    ///< CPU time per extra message of a chunked hop (s)
   int group_size = 0;                  ///< hierarchical groups (0: none, the hierarchical schedule is not priced)
   std::size_t chunk_elements = 32768;  ///< chunk of the pipelined schedules (floats)
+  /// Price the direct schedule (N-1 concurrent flows into each port): only
+  /// on a non-blocking switch whose ports share their rate fairly among
+  /// flows (a flat cluster; off by default: incast and oversubscription
+  /// are not in the model).
+  bool price_direct = false;
 };
 
 /// A schedule's predicted time, or +inf where the schedule does not apply.
@@ -92,6 +97,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta)
 ///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
 ///                  across groups, then (g-1) all-gather hops inside (dense; 1 < g < N, g | N)
+///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m): 2 alpha +
+///                  2 (N-1)/N 4m beta + (N-1)/N m gamma, the additions after the transfer (the copies share
+///                  the port fairly and arrive together), the second phase chunked (dense only)
 /// plus, for a codec, (encode_s + decode_s) x elements. gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
@@ -128,6 +136,13 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       const double s = mfl / g, b = s / groups;
       return hops(m.intra, g - 1, s, true, true) + hops(m.inter, groups - 1, b, true, true) +
              hops(m.inter, groups - 1, b, false, true) + hops(m.intra, g - 1, s, false, true);
+    }
+    case schedule_kind::direct: {
+      if (p.compressed || !m.price_direct) return inf;
+      const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
+      // The N-1 copies share the owner's port fairly, so they all arrive at the end of the phase: the
+      // additions follow the transfer instead of hiding behind it (no chunk overlap in the first phase).
+      return detail::cost_hop(m.inter, 4.0 * moved, moved, m, false) + detail::cost_hop(m.inter, 4.0 * moved, 0.0, m, true);
     }
     case schedule_kind::library: return inf;
   }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,6 +33,25 @@ template <class T>
 struct link_handles<T, true> {
   using recv = decltype(std::declval<T&>().irecv_into(0, 0, std::span<std::byte>{}));
   using send = decltype(std::declval<T&>().isend_view(0, 0, std::span<const std::byte>{}));
+};
+
+/// Receive space of a schedule call: floats left uninitialised (every one
+/// is written by a receive before it is read), so a call does not pay for
+/// zeroing scratch as large as the vector. Grows, never shrinks.
+class scratch_floats {
+ public:
+  /// The first n floats (reallocated, contents dropped, when n exceeds the capacity).
+  std::span<float> first(std::size_t n) {
+    if (n > size_) {
+      p_.reset(new float[n]);
+      size_ = n;
+    }
+    return {p_.get(), n};
+  }
+
+ private:
+  std::unique_ptr<float[]> p_;
+  std::size_t size_ = 0;
 };
 
 /// Number of messages a range of `elements` floats goes as with chunks of

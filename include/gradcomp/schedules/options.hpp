@@ -25,12 +25,13 @@ enum class schedule_kind : std::uint8_t {
   rabenseifner = 2,    ///< recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner)
   hierarchical = 3,    ///< two-level ring: ring inside groups, ring across groups, ring inside groups
   library = 4,         ///< the transport's own library all-reduce (MPI_Allreduce)
+  direct = 5,          ///< pairwise exchange: each segment straight to its owner, then straight to every rank (2 steps)
 };
 
 /// The number of schedule kinds.
-inline constexpr std::size_t schedule_kind_count = 5;
+inline constexpr std::size_t schedule_kind_count = 6;
 
-/// A schedule's name ("ring", "pipelined_ring", "rabenseifner", "hierarchical", "library").
+/// A schedule's name ("ring", "pipelined_ring", "rabenseifner", "hierarchical", "library", "direct").
 inline const char* to_string(schedule_kind k) noexcept {
   switch (k) {
     case schedule_kind::ring: return "ring";
@@ -38,6 +39,7 @@ inline const char* to_string(schedule_kind k) noexcept {
     case schedule_kind::rabenseifner: return "rabenseifner";
     case schedule_kind::hierarchical: return "hierarchical";
     case schedule_kind::library: return "library";
+    case schedule_kind::direct: return "direct";
   }
   return "unknown";
 }
@@ -49,7 +51,7 @@ inline schedule_kind parse_schedule_kind(std::string_view name) {
     if (name == to_string(k)) return k;
   }
   throw invalid_argument_error("schedules: unknown schedule '" + std::string(name) +
-                               "' (ring, pipelined_ring, rabenseifner, hierarchical, library)");
+                               "' (ring, pipelined_ring, rabenseifner, hierarchical, library, direct)");
 }
 
 /// First of the two tags a schedule uses by default: the first of the
@@ -67,7 +69,7 @@ struct schedule_options {
   int tag_base = schedule_default_tag_base;
   /// The registered range the tags belong to (the exchange names its own).
   tags::tag_range tag_owner = tags::schedules;
-  /// Pipelined ring, Rabenseifner and hierarchical: the floats of one message
+  /// Pipelined ring, Rabenseifner, hierarchical and direct: the floats of one message
   /// at most (a hop's segment goes as ceil(size / chunk) messages whose
   /// receive, addition and send overlap). 0: one message per hop. Default
   /// 32768 floats = 128 KiB (at least 64 KiB, where SMPI's bandwidth factors

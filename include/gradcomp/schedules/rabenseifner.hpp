@@ -101,14 +101,13 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
   const std::size_t chunk = o.chunk_elements;
   float_link<T> link(t, st, who);
-  std::vector<float> scratch;
+  scratch_floats scratch;
 
   // Fold: the even rank of a pair hands its vector to the odd one.
   if (rs.folded_out()) {
     link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk);
   } else if (rs.folds_in()) {
-    scratch.resize(data.size());
-    link_exchange_add(link, rs.fold_partner(), tag, std::span<const float>(), data, std::span<float>(scratch), chunk,
+    link_exchange_add(link, rs.fold_partner(), tag, std::span<const float>(), data, scratch.first(data.size()), chunk,
                       add);
   }
   // The even rank's sends read `data`, which the result overwrites: done first.
@@ -126,9 +125,8 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       const bool lower = (v & d) == 0;
       const int klo = lower ? lo : mid, khi = lower ? mid : hi, glo = lower ? mid : lo, ghi = lower ? hi : mid;
       const std::span<float> keep = range(klo, khi);
-      if (scratch.size() < keep.size()) scratch.resize(keep.size());
       link_exchange_add(link, rs.real_rank(v ^ d), tag, std::span<const float>(range(glo, ghi)), keep,
-                        std::span<float>(scratch), chunk, add);
+                        scratch.first(keep.size()), chunk, add);
       lo = klo;
       hi = khi;
     }

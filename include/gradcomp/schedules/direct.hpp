@@ -1,0 +1,122 @@
+#pragma once
+/// \file schedules/direct.hpp
+/// The direct (pairwise-exchange) all-reduce of float vectors: the vector is
+/// cut into N segments as the ring cuts it; every rank sends segment j
+/// straight to its owner, rank j, all N-1 messages at once (the reduce-scatter
+/// of MPICH's long-message pairwise exchange, or an all-to-all), the owner
+/// adds the N-1 received segments into its own in a fixed order, then sends
+/// the finished segment straight to every other rank (an all-gather).
+/// Two latency steps and 2(N-1)/N of the vector per rank, like the ring's
+/// bytes with Rabenseifner's latency beaten: the schedule for a
+/// non-blocking switch (a flat cluster), where N-1 concurrent flows into one
+/// port share its rate. On an oversubscribed network, or where many
+/// simultaneous senders into one port cause incast losses (not modelled by a
+/// flow-level simulator), the ring or Rabenseifner is safer.
+/// Part of <gradcomp/schedules.hpp>.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/ring/schedule.hpp>
+#include <gradcomp/ring/stats.hpp>
+#include <gradcomp/schedules/link.hpp>
+#include <gradcomp/schedules/options.hpp>
+#include <gradcomp/schedules/pipelined_ring.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// The direct all-reduce with an explicit addition (see direct_allreduce).
+template <class T, class Add>
+ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, Add& add) {
+  constexpr const char* who = "direct_allreduce";
+  const auto started = ring_clock::now();
+  ring_stats st;
+  schedule_check_tags(o, who);
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  if (n == 1) return st;
+  const int tag = o.tag_base, tag2 = o.tag_base + 1;
+  const std::size_t chunk = o.chunk_elements;
+  const ring_schedule split(r, n, data.size());
+  auto seg = [&](int j) { return split.segment<float>(data, j); };
+  const std::span<float> mine = seg(r);
+  float_link<T> link(t, st, who);
+  using slot = typename float_link<T>::slot;
+
+  // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
+  scratch_floats space;
+  const std::span<float> scratch = space.first(mine.size() * static_cast<std::size_t>(n - 1));
+  std::vector<std::vector<slot>> in(static_cast<std::size_t>(n - 1));
+  for (int k = 1; k < n; ++k) {
+    const int peer = (r + k) % n;
+    const std::span<float> into = scratch.subspan(mine.size() * std::size_t(k - 1), mine.size());
+    for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
+      in[std::size_t(k - 1)].push_back(link.post(peer, tag, link_chunk(into, chunk, c)));
+  }
+  // ...and send segment j to rank j (rank r-1, r-2, ...: every rank's first sends go to different ranks).
+  for (int k = 1; k < n; ++k) {
+    const int peer = (r - k + n) % n;
+    const std::span<const float> x = seg(peer);
+    for (std::size_t c = 0; c < link_chunks(x.size(), chunk); ++c) link.send(peer, tag, link_chunk(x, chunk, c));
+  }
+  // Sum in a fixed order: own + (r+1) + (r+2) + ... chunk by chunk as the copies arrive.
+  for (int k = 1; k < n; ++k) {
+    auto& slots = in[std::size_t(k - 1)];
+    for (std::size_t c = 0; c < slots.size(); ++c) link.wait_add(slots[c], link_chunk(mine, chunk, c), add);
+  }
+  if (o.average) schedule_average(mine, n);
+  // Every segment given away is overwritten by the all-gather: its sends finish first.
+  link.finish();
+
+  // All-gather: post the receives of every other segment, send mine to every rank.
+  std::vector<std::vector<slot>> out(static_cast<std::size_t>(n - 1));
+  for (int k = 1; k < n; ++k) {
+    const int peer = (r - k + n) % n;
+    const std::span<float> into = seg(peer);
+    for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
+      out[std::size_t(k - 1)].push_back(link.post(peer, tag2, link_chunk(into, chunk, c)));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int peer = (r + k) % n;
+    for (std::size_t c = 0; c < link_chunks(mine.size(), chunk); ++c)
+      link.send(peer, tag2, std::span<const float>(link_chunk(mine, chunk, c)));
+  }
+  for (auto& slots : out)
+    for (auto& s : slots) link.wait_into(s);
+  link.finish();
+  st.seconds = ring_seconds_since(started);
+  return st;
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// The direct all-reduce of `data` (sum, or mean with options.average), in
+/// place, for any N (see the file comment). Each segment is summed on its
+/// owner alone, in the order own, rank+1, rank+2, ..., and its bits copied
+/// to every rank: bit-identical on every rank. Per rank 2(N-1)/N of the
+/// vector sent in 2 latency steps, N-1 messages at once (each cut into
+/// chunks of options.chunk_elements floats), and (N-1)/N of the vector of
+/// scratch. Tags options.tag_base (reduce-scatter) and + 1 (all-gather).
+/// Errors: a message of the wrong length is a transport_error naming both
+/// ranks; transport errors propagate.
+template <ExecutionPolicy Policy, Transport T>
+ring_stats direct_allreduce(Policy, T& t, std::span<float> data, const schedule_options& options = {}) {
+  float_adder<Policy> add;
+  return detail::direct_impl(t, data, options, add);
+}
+
+/// direct_allreduce with the generic (execution::seq) kernels.
+template <Transport T>
+ring_stats direct_allreduce(T& t, std::span<float> data, const schedule_options& options = {}) {
+  return direct_allreduce(execution::seq{}, t, data, options);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp
