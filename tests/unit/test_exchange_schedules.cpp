@@ -15,6 +15,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -299,4 +300,49 @@ TEST_CASE("exchange schedules: summable buffers of every element (payloads/summa
           for (int r = 1; r < n; ++r) CHECK(std::bit_cast<std::uint32_t>(x[std::size_t(r)][i]) == std::bit_cast<std::uint32_t>(x[0][i]));
         }
       }
+}
+
+TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) still restores, direct unpriced") {
+  const int n = 2;
+  const auto m = small_model();
+  gx::auto_collectives_options opt;
+  opt.model = plain_model(1e-3, 1e-9, 1e-9);
+  opt.calibrate = false;
+  std::vector<std::byte> v2;
+  std::vector<gx::round_schedule> saved;
+  run_workers(n, [&](inproc_endpoint& ep) {
+    gx::model_exchange ex(ep, gx::plan(m, plan_opts()), {}, gx::auto_collectives<>(opt));
+    auto g = gradients(m, ep.rank(), 0);
+    std::vector<std::span<float>> sp(g.begin(), g.end());
+    ex.step(sp);
+    if (ep.rank() == 0) {
+      v2 = ex.collectives().save_state();
+      saved = ex.collectives().decisions();
+    }
+  });
+  REQUIRE_FALSE(saved.empty());
+  // The same state as version 1 wrote it: five predictions per entry.
+  const std::size_t head = 8 + 6 * 8 + 4 * 8, entry = 8 + 3 + 8 * gradcomp::schedule_kind_count;
+  REQUIRE(v2.size() == head + saved.size() * entry);
+  std::vector<std::byte> v1(v2.begin(), v2.begin() + std::ptrdiff_t(head));
+  const std::uint32_t one = 1;
+  std::memcpy(v1.data() + 4, &one, 4);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    const auto* e = v2.data() + head + i * entry;
+    v1.insert(v1.end(), e, e + entry - 8);  // drop the direct schedule's prediction (the last)
+  }
+  gx::auto_collectives<> c(opt);
+  c.restore_state(v1);
+  const auto& got = c.decisions();
+  REQUIRE(got.size() == saved.size());
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    CHECK(got[i].length == saved[i].length);
+    CHECK(got[i].decision.kind == saved[i].decision.kind);
+    CHECK(std::isinf(got[i].decision.predicted[std::size_t(schedule_kind::direct)]));
+    CHECK(got[i].decision.predicted[0] == saved[i].decision.predicted[0]);
+  }
+  // Truncated version-2 bytes are refused.
+  std::vector<std::byte> cut(v2.begin(), v2.end() - 1);
+  gx::auto_collectives<> d(opt);
+  CHECK_THROWS_AS(d.restore_state(cut), gradcomp::state_error);
 }

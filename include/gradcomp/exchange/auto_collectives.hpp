@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -90,7 +91,9 @@ class auto_collectives {
       const auto* q = static_cast<const std::byte*>(p);
       b.insert(b.end(), q, q + n);
     };
-    const std::uint32_t magic = 0x43534347u, version = 1;  // "GCSC"
+    // Version 2: one predicted time per schedule kind, direct (5) included;
+    // version 1 (before the direct schedule) had five and is still read.
+    const std::uint32_t magic = 0x43534347u, version = 2;  // "GCSC"
     put(&magic, 4);
     put(&version, 4);
     const double md[] = {model_.inter.latency_s, model_.inter.seconds_per_byte, model_.intra.latency_s,
@@ -120,7 +123,10 @@ class auto_collectives {
     std::uint32_t magic = 0, version = 0;
     get(&magic, 4);
     get(&version, 4);
-    if (magic != 0x43534347u || version != 1) throw state_error("auto_collectives::restore_state: not a schedule state");
+    if (magic != 0x43534347u || (version != 1 && version != 2))
+      throw state_error("auto_collectives::restore_state: not a schedule state");
+    // Version 1 predates schedule_kind::direct: five predictions, direct unpriced (+inf).
+    const std::size_t kinds = version == 1 ? 5 : schedule_kind_count;
     double md[6];
     std::int64_t mi[4];
     get(md, sizeof md);
@@ -140,8 +146,9 @@ class auto_collectives {
       std::uint8_t small[3];
       get(&len, 8);
       get(small, 3);
-      get(r.decision.predicted.data(), sizeof(double) * schedule_kind_count);
-      if (small[0] > 3 || small[1] >= schedule_kind_count) throw state_error("auto_collectives::restore_state: bad entry");
+      r.decision.predicted.fill(std::numeric_limits<double>::infinity());
+      get(r.decision.predicted.data(), sizeof(double) * kinds);
+      if (small[0] > 3 || small[1] >= kinds) throw state_error("auto_collectives::restore_state: bad entry");
       r.length = static_cast<std::size_t>(len);
       r.element = static_cast<buffer_element>(small[0]);
       r.decision.kind = static_cast<schedule_kind>(small[1]);
