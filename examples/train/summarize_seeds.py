@@ -113,25 +113,27 @@ def plot(runs: dict[str, config_runs], png: str) -> str:
         return "gnuplot not found on PATH (Debian package gnuplot-nox)"
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "points.dat")
+        shown = [r for r in runs.values() if mean(r.bytes_per_step) > 0]  # a single worker sends nothing
         with open(data, "w") as d:
-            for r in runs.values():
-                if mean(r.bytes_per_step) <= 0:
-                    continue  # a single worker sends nothing: no place on a log axis
-                kib = mean(r.bytes_per_step) / 1024.0
-                m = mean(r.accuracy)
-                d.write(f'"{r.name}{" (n=1)" if r.extra else ""}" {kib} {m} {min(r.accuracy)} {max(r.accuracy)}\n')
+            for r in shown:  # one block per configuration (gnuplot's `index`), so each gets its own key entry
+                d.write(f"{mean(r.bytes_per_step) / 1024.0} {mean(r.accuracy)} {min(r.accuracy)} {max(r.accuracy)}\n\n\n")
+        if not shown:
+            return "no configuration sent bytes"
         script = os.path.join(tmp, "plot.gp")
         with open(script, "w") as g:
             g.write(
-                "set terminal pngcairo size 900,600 font ',10'\n"
+                "set terminal pngcairo size 1000,600 font ',10'\n"
                 f"set output '{png}'\n"
-                "set termoption noenhanced\nset grid\nset logscale x\nset key off\n"
-                "set offsets graph 0.02, graph 0.25, graph 0.06, graph 0.04\n"
+                "set termoption noenhanced\nset grid\nset logscale x\n"
+                "set key outside right top\n"
+                "set offsets graph 0.02, graph 0.1, graph 0.06, graph 0.04\n"
                 "set title 'Final test accuracy against bytes sent per worker and step (mean, min..max over seeds)'\n"
                 "set xlabel 'KiB sent per worker and step (whole run, log scale)'\n"
                 "set ylabel 'test accuracy (%)'\n"
-                f"plot '{data}' using 2:3:4:5 with yerrorbars pt 7 lc rgb '#1f77b4', \\\n"
-                f"     '' using 2:3:1 with labels offset 0.8,0.6 left\n")
+                "plot " + ", \\\n     ".join(
+                    f"'{data}' index {i} using 1:2:3:4 with yerrorbars pt {i % 13 + 1} ps 1.5 lw 1.5 lc {i + 1} "
+                    f"title '{r.name}{' (n=1)' if r.extra else f' (n={len(r.accuracy)})'}'"
+                    for i, r in enumerate(shown)) + "\n")
         p = subprocess.run(["gnuplot", script], capture_output=True, text=True)
         if p.returncode != 0:
             return "gnuplot failed: " + p.stderr.strip()
