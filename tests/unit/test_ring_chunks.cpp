@@ -247,3 +247,21 @@ TEST_CASE("chunked ring: the error names the chunk") {
   CAPTURE(what);
   CHECK(what.find("chunk 2 of 5") != std::string::npos);
 }
+
+TEST_CASE("automatic chunks: about 16 per large segment for fp16, whole segments for GradiVeQ") {
+  const int n = 2;
+  const std::size_t len = 300000;  // segments of 150,000: chunks of 65,536 (the automatic minimum), 3 per segment
+  const auto x = inputs(n, len, 8, 1.0f);
+  const auto [autom, as] = run_ring(n, x, [](int) { return gradcomp::fp16_codec<>{}; }, ring_options{});
+  const auto [whole, ws] = run_ring(n, x, [](int) { return gradcomp::fp16_codec<>{}; },
+                                    chunks_of(gradcomp::ring_whole_segments));
+  CHECK(as[0].messages_sent == 6);
+  CHECK(ws[0].messages_sent == 2);
+  for (int r = 0; r < n; ++r) CHECK(bit_equal(autom[std::size_t(r)], whole[0]));
+  const low_rank_layer layer(16, 2, 16 * 8, 3);
+  const auto gq = fitted_codec(layer, 2);
+  CHECK(gradcomp::ring_segmentation<gradcomp::linear_compressor<>>::auto_chunk_elements(gq, 10000000) ==
+        gradcomp::ring_whole_segments);
+  CHECK(gradcomp::ring_segmentation<gradcomp::fp16_codec<>>::auto_chunk_elements(gradcomp::fp16_codec<>{}, 10000000) ==
+        gradcomp::ring_auto_chunk_elements(10000000));
+}

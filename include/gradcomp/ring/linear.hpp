@@ -106,6 +106,29 @@ struct ring_segmentation {
       return 0;
     }
   }
+  /// ring_options::chunk_elements = 0 (automatic) for a largest segment of
+  /// `largest` elements: ring_auto_chunk_elements(largest) for a codec
+  /// whose encode works element by element or block by block (fp16, bf16,
+  /// dense, the homomorphic quantizer); whole segments for a codec whose
+  /// encode is one batched matrix product per call (slice_size(): GradiVeQ,
+  /// an Eigen GEMM per call). Measured on bench_gradiveq_ring (4 workers,
+  /// 2 cores): with Eigen single-threaded, 16 chunks per segment took the
+  /// GradiVeQ ring from 7.4x to 5.2x its 1 Gbit/s wire floor; with Eigen's
+  /// OpenMP threads (any build that links OpenMP, gradcomp::thrust does)
+  /// the 16x more GEMM calls, each synchronising its threads while four
+  /// ranks share two cores, took 8x the CPU. Ask for chunks explicitly
+  /// (chunk_elements > 0) where Eigen runs single-threaded.
+  static std::size_t auto_chunk_elements(const C& codec, std::size_t largest) {
+    if constexpr (requires {
+                    { codec.slice_size() } -> std::convertible_to<std::size_t>;
+                  }) {
+      (void)largest;
+      return ring_whole_segments;
+    } else {
+      (void)codec;
+      return ring_auto_chunk_elements(largest);
+    }
+  }
   /// Throws size_mismatch_error when a received payload says it belongs to another segment.
   static void check(const typename C::payload_type& p, std::size_t offset, const std::string& where) {
     if constexpr (requires(const typename C::payload_type& q) {
@@ -190,7 +213,13 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
                                                               data.size(), n, who);
   // Chunks of the segments (ring_options::chunk_elements): one per segment
   // unless a segment is larger than the chunk size.
-  const ring_chunk_plan plan(bounds, n == 1 ? 0 : seg::granularity(std::as_const(codec)), options.chunk_elements);
+  std::size_t chunk_elements = options.chunk_elements;
+  if (chunk_elements == 0) {
+    std::size_t largest = 0;
+    for (std::size_t u = 0; u + 1 < bounds.size(); ++u) largest = std::max(largest, bounds[u + 1] - bounds[u]);
+    chunk_elements = seg::auto_chunk_elements(std::as_const(codec), largest);
+  }
+  const ring_chunk_plan plan(bounds, n == 1 ? 0 : seg::granularity(std::as_const(codec)), chunk_elements);
   auto chunk = [&](int j, std::size_t c) { return data.subspan(plan.begin(j, c), plan.size(j, c)); };
   // Body size of this rank's payload of each chunk (the limit of a received one).
   std::vector<std::vector<std::size_t>> body(static_cast<std::size_t>(n));

@@ -39,8 +39,10 @@ struct ring_options {
   /// forwards a chunk as soon as it has arrived, so the receive of chunk
   /// c+1, the work on chunk c and the send of chunk c-1 overlap. The sums
   /// are element by element, so the result is the same as with whole
-  /// segments. 0 (the default): automatic, ring_auto_chunk_elements of the
-  /// largest segment; ring_whole_segments: one message per segment.
+  /// segments. 0 (the default): automatic, ring_segmentation's
+  /// auto_chunk_elements (ring_auto_chunk_elements of the largest segment
+  /// for most codecs, whole segments for GradiVeQ); ring_whole_segments:
+  /// one message per segment.
   std::size_t chunk_elements = 0;
 };
 
@@ -49,8 +51,8 @@ inline constexpr std::size_t ring_whole_segments = static_cast<std::size_t>(-1);
 
 /// The automatic chunk of ring_options::chunk_elements = 0 for a largest
 /// segment of `segment` elements: a 16th of it, but at least 65,536 elements
-/// (a GradiVeQ chunk of K/d = 8 is then 32 KB on the wire, an fp16 one 128
-/// KB): segments below 131,072 elements travel whole. The same on every rank.
+/// (an fp16 chunk is then at least 128 KB on the wire, a 4-bit one 32 KB):
+/// segments of at most 65,536 elements travel whole. The same on every rank.
 inline constexpr std::size_t ring_auto_chunk_elements(std::size_t segment) noexcept {
   const std::size_t sixteenth = segment / 16 + (segment % 16 != 0 ? 1 : 0);
   return sixteenth > 65536 ? sixteenth : 65536;
