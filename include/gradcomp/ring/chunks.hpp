@@ -71,7 +71,9 @@ class ring_chunk_plan {
 
 /// The all-gather phase of the compressed linear ring, a chunk at a time:
 /// `owned[c]`, this rank's complete compressed chunks of its segment, are
-/// sent and decoded; each received chunk is forwarded as received (the same
+/// decoded (the reduce-scatter sent each on `tag` as soon as it was
+/// complete, so the all-gather's first sends overlap the reduce-scatter's
+/// last receives); each received chunk is forwarded as received (the same
 /// bytes) before it is decoded, so chunk c+1 travels while chunk c is
 /// decoded. `receive(handle, segment, chunk, phase, step)` waits and parses
 /// (a (message, payload) pair), `decode_chunk(payload, segment, chunk)`
@@ -82,7 +84,6 @@ void ring_chunked_all_gather_phase(ring_channel<T>& ch, const ring_schedule& rin
                                    int tag, Handles& recv, std::vector<Payload>& owned, Receive& receive,
                                    DecodeChunk& decode_chunk) {
   const int steps = ring.steps(), mine = ring.owned_segment();
-  for (const auto& p : owned) ch.send(tag, ch.serialize(p));
   for (std::size_t c = 0; c < owned.size(); ++c) decode_chunk(owned[c], mine, c);
   std::size_t next = 0;
   for (int s = 0; s < steps; ++s) {

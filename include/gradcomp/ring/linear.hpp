@@ -296,10 +296,12 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
         ring_timed(st.encode_seconds, [&] { codec.add_raw_and_reencode(in, std::span<const float>(chunk(k, c))); });
         ++st.encodes;
         st.own_encoded_bytes += codec.encoded_bytes(in);
-        if (s + 1 < steps)
+        if (s + 1 < steps) {
           ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));
-        else
+        } else {  // complete: its all-gather starts now
+          ch.send(tag_ag, ch.serialize(in, std::move(got.first.bytes)));
           owned[c] = std::move(in);
+        }
       }
     }
     ring_chunked_all_gather_phase(ch, ring, plan, tag_ag, ag_recv, owned, receive, decode_chunk);
@@ -317,10 +319,12 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
       auto got = receive(rs_recv[rs_next++], k, c, "reduce-scatter", s);
       payload& in = got.second;
       ring_timed(st.combine_seconds, [&] { codec.accumulate(in, own); });
-      if (s + 1 < steps)
+      if (s + 1 < steps) {
         ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));  // the sum has the received size
-      else
-        owned[c] = std::move(in);  // line 9: the complete compressed segment r+1
+      } else {  // line 9: a chunk of the complete compressed segment r+1, whose all-gather starts now
+        ch.send(tag_ag, ch.serialize(in, std::move(got.first.bytes)));
+        owned[c] = std::move(in);
+      }
     }
   }
   // Lines 10-13.
