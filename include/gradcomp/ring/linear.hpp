@@ -354,15 +354,25 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Result: data = decode(sum over ranks of encode(segment)), segment by
 /// segment; bit-identical on every rank (all decode the same bytes).
 /// For GradiVeQ the codec's summands() must equal N (invalid_argument_error).
-/// `on_encode(segment j, std::span<const float> local segment, const payload&)`
-/// is called after each of this rank's N own encodes (e.g. GradiVeQ's eq. 7
-/// local_loss). Messages are wire payloads; a received one is parsed with
-/// limits derived from its segment (element count exactly the segment's,
-/// body at most this rank's own payload of that segment, which for a linear
-/// codec has the aggregate's shape): bad bytes throw wire::wire_error, a wrong
-/// length or offset size_mismatch_error, a codec mismatch the codec's error
-/// (GradiVeQ: fingerprint_mismatch_error), transport failures transport_error /
-/// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
+/// `on_encode(segment j, std::span<const float> local part, const payload&)`
+/// is called after each of this rank's own encodes (N with whole segments,
+/// one per chunk with chunks; e.g. GradiVeQ's eq. 7 local_loss, whose sum
+/// over the calls is the same). Messages are wire payloads; a received one
+/// is parsed with limits derived from its chunk (element count exactly the
+/// chunk's, body at most this rank's own payload of that chunk, which for a
+/// linear codec has the aggregate's shape): bad bytes throw wire::wire_error,
+/// a wrong length or offset size_mismatch_error, a codec mismatch the codec's
+/// error (GradiVeQ: fingerprint_mismatch_error), transport failures
+/// transport_error / timeout_error; the message names the segment and chunk.
+///
+/// Chunks (options.chunk_elements, ring/chunks.hpp): each segment travels as
+/// chunks on the codec's granularity, and a hop accumulates (or re-encodes)
+/// and forwards chunk c while chunk c+1 arrives; the first hop sends each
+/// chunk as soon as it is encoded, and each completed chunk of the owned
+/// segment starts its all-gather at once. The sums are element by element,
+/// so the result does not depend on the chunks (fp16, bf16, dense_codec,
+/// the homomorphic quantizer: the same bits; GradiVeQ: within its GEMM's
+/// rounding). Each rank sends 2(N-1) segments, one message per chunk.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
 ///
@@ -374,7 +384,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// A ReencodingLinearCodec (fp16, bf16) runs lines 4-8 as one
 /// add_raw_and_reencode per hop instead (the received partial sum plus this
 /// rank's raw segment, rounded once): each rank encodes only its first
-/// segment, and `on_encode` is called for that one encode only.
+/// segment, and `on_encode` is called for that segment's encodes only.
 template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},

@@ -14,21 +14,21 @@
 /// streams, and Eigen's general kernels (blocking and packing for large
 /// inner dimensions) ran them 5-20x below the triad rate here (P Q^T, an
 /// outer product with an inner dimension of 2, was the slowest). These loops
-/// stream the big matrix once per pass, row by row in blocks of 1024 columns
-/// (a block of M and its slices of Q stay in L1): pass 1 forms a block of
-/// M = G + E (with its finiteness test) and takes its r dot products while
-/// it is in L1; pass 2 adds eight rows at a time into Q (two groups of four,
-/// the same additions as four at a time); pass 3 writes a block of the output
-/// and of the new residual, the residual over M itself (the codec then swaps
-/// its M and residual buffers). Bytes per element: pass 1 reads G and E and
-/// writes M (12), pass 2 reads M (4), pass 3 reads M, writes E in place and
-/// writes the output (12): 28. Matrices of at least stream_min_elements
-/// write M and the output with non-temporal stores (no read of the
-/// destination line first), so the memory really moves those 28 bytes and not 36.
-/// P, Q and a block stay in cache, and the inner loops vectorise over the
-/// columns. Every sum runs in a fixed order (16 float lanes in index order
-/// then a fixed pairwise sum; rows in order), independent of threads and of
-/// the buffers' alignment (the non-temporal stores copy finished blocks).
+/// stream the big matrix once per pass, row by row, 16 columns at a time in
+/// GCC's and Clang's generic vectors (for r = 1..4; plain loops for larger
+/// r): pass 1 forms M = G + E (with its finiteness test), stores it and adds
+/// the r products into 16-lane accumulators in one loop; pass 2 adds eight
+/// rows at a time into Q (two groups of four, the same additions as four at
+/// a time); pass 3 writes the output and the new residual, the residual over
+/// M itself (the codec then swaps its M and residual buffers). Bytes per
+/// element: pass 1 reads G and E and writes M (12), pass 2 reads M (4), pass
+/// 3 reads M, writes E in place and writes the output (12): 28. Matrices of
+/// at least stream_min_elements write M and the output with non-temporal
+/// stores (no read of the destination line first), so the memory moves
+/// those 28 bytes and not 36. Every sum runs in a fixed order (16 float
+/// lanes in index order then a fixed pairwise sum; rows in order),
+/// independent of threads and of the buffers' alignment (only where a
+/// finished vector is stored depends on it).
 
 #include <algorithm>
 #include <cmath>
@@ -53,37 +53,6 @@ namespace powersgd_detail {
 // rounds of the whole bucket lie between), so a normal store would first
 // read every destination line (write-allocate) for nothing.
 inline constexpr std::size_t stream_min_elements = std::size_t(1) << 18;
-// Columns per block of a row (a multiple of 16): a block of M, its slices
-// of Q and the staging buffer stay in L1.
-inline constexpr std::size_t block = 1024;
-
-// dst[0, n) = src[0, n), with non-temporal stores where the ISA has them:
-// a plain copy, so the bits never depend on the destination's alignment.
-inline void stream_copy(float* dst, const float* src, std::size_t n) noexcept {
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
-#if defined(__AVX512F__)
-  constexpr std::size_t W = 16;
-#elif defined(__AVX__)
-  constexpr std::size_t W = 8;
-#else
-  constexpr std::size_t W = 4;
-#endif
-  while (n > 0 && reinterpret_cast<std::uintptr_t>(dst) % (W * sizeof(float)) != 0) {
-    *dst++ = *src++;
-    --n;
-  }
-  for (; n >= W; n -= W, dst += W, src += W) {
-#if defined(__AVX512F__)
-    _mm512_stream_ps(dst, _mm512_loadu_ps(src));
-#elif defined(__AVX__)
-    _mm256_stream_ps(dst, _mm256_loadu_ps(src));
-#else
-    _mm_stream_ps(dst, _mm_loadu_ps(src));
-#endif
-  }
-#endif
-  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
-}
 // Orders the non-temporal stores before anything the caller does next.
 inline void stream_fence() noexcept {
 #if defined(__SSE2__)
@@ -112,8 +81,8 @@ std::uint32_t form_block(const float* gi, const float* ei, float* mi, std::size_
 // The r dot products <m_row, q_k> of a row: lane l of 16 takes the columns
 // j = l mod 16 in index order, then the lanes are summed pairwise. 16 lanes
 // fill one AVX-512 register, two AVX or four SSE ones: with 8, GCC 12's
-// AVX-512 code ran 4x slower. Accumulated block by block (blocks start at
-// multiples of 16: the same lanes, the same order).
+// AVX-512 code ran 4x slower. (The r > 4 path; add() may be called on
+// consecutive runs of a row that start at multiples of 16: the same lanes.)
 template <std::size_t R>
 struct row_dots {
   static constexpr std::size_t L = 16;
