@@ -89,9 +89,9 @@ TEST_CASE("chunk plan: chunks start on the granularity, cover each segment, a sh
     CHECK(p.size(0, 0) == 0);
     CHECK(p.count(1) == 3);
   }
-  SUBCASE("automatic: whole up to 65,536 elements, else about 16 chunks") {
-    CHECK(gradcomp::ring_auto_chunk_elements(1000) == 65536);
-    CHECK(ring_chunk_plan(std::vector<std::size_t>{0, 65536, 131072}, 1, 0).count(0) == 1);
+  SUBCASE("automatic: whole up to 131,072 elements, else about 16 chunks") {
+    CHECK(gradcomp::ring_auto_chunk_elements(1000) == 131072);
+    CHECK(ring_chunk_plan(std::vector<std::size_t>{0, 131072, 262144}, 1, 0).count(0) == 1);
     const ring_chunk_plan big(std::vector<std::size_t>{0, 2000000, 4000000}, 1, 0);
     CHECK(big.count(0) == 16);
     CHECK(big.end(1, 15) == 4000000);
@@ -250,7 +250,7 @@ TEST_CASE("chunked ring: the error names the chunk") {
 
 TEST_CASE("automatic chunks: about 16 per large segment for fp16, whole segments for GradiVeQ") {
   const int n = 2;
-  const std::size_t len = 300000;  // segments of 150,000: chunks of 65,536 (the automatic minimum), 3 per segment
+  const std::size_t len = 600000;  // segments of 300,000: chunks of 131,072 (the automatic minimum), 3 per segment
   const auto x = inputs(n, len, 8, 1.0f);
   const auto [autom, as] = run_ring(n, x, [](int) { return gradcomp::fp16_codec<>{}; }, ring_options{});
   const auto [whole, ws] = run_ring(n, x, [](int) { return gradcomp::fp16_codec<>{}; },

@@ -50,12 +50,13 @@ struct ring_options {
 inline constexpr std::size_t ring_whole_segments = static_cast<std::size_t>(-1);
 
 /// The automatic chunk of ring_options::chunk_elements = 0 for a largest
-/// segment of `segment` elements: a 16th of it, but at least 65,536 elements
-/// (an fp16 chunk is then at least 128 KB on the wire, a 4-bit one 32 KB):
-/// segments of at most 65,536 elements travel whole. The same on every rank.
+/// segment of `segment` elements: a 16th of it, but at least 131,072 elements
+/// (an fp16 chunk is then at least 256 KB on the wire, a 4-bit one 64 KB, the
+/// least message size the SMPI benches allow a schedule to choose):
+/// segments of at most 131,072 elements travel whole. The same on every rank.
 inline constexpr std::size_t ring_auto_chunk_elements(std::size_t segment) noexcept {
   const std::size_t sixteenth = segment / 16 + (segment % 16 != 0 ? 1 : 0);
-  return sixteenth > 65536 ? sixteenth : 65536;
+  return sixteenth > 131072 ? sixteenth : 131072;
 }
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
