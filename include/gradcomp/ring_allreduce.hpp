@@ -64,6 +64,7 @@
 ///     ring/dense.hpp      ring_allreduce of floats
 ///     ring/stats.hpp      ring_stats
 ///     ring/channel.hpp    what the compressed forms share (channel, parse, all-gather phase)
+///     ring/chunks.hpp     chunks inside a hop of the linear ring (ring_options::chunk_elements)
 ///     ring/linear.hpp     ring_allreduce_linear (Algorithm 1), ring_segmentation
 ///     ring/reencode.hpp   ring_allreduce_reencode, make_ring_codecs
 ///     ring/allgather.hpp  ring_allgather_decode, ring_allreduce with a codec
@@ -71,6 +72,7 @@
 
 #include <gradcomp/ring/allgather.hpp>
 #include <gradcomp/ring/channel.hpp>
+#include <gradcomp/ring/chunks.hpp>
 #include <gradcomp/ring/dense.hpp>
 #include <gradcomp/ring/linear.hpp>
 #include <gradcomp/ring/reencode.hpp>

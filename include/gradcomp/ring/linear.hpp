@@ -19,6 +19,7 @@
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring/channel.hpp>
+#include <gradcomp/ring/chunks.hpp>
 #include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/ring/stats.hpp>
 #include <gradcomp/ring/summable.hpp>
@@ -77,6 +78,55 @@ struct ring_segmentation {
     } else {
       (void)offset;
       codec.encode(segment, out);
+    }
+  }
+  /// Where a segment may be cut into chunks (ring_options::chunk_elements):
+  /// chunks start on multiples of the result from the segment's start, and
+  /// encoding a chunk at its offset must give the chunk's part of the
+  /// segment's sums, element by element. 1 for a codec without segments
+  /// (fp16, bf16, dense: encode works element by element); a SegmentedCodec
+  /// with slices (GradiVeQ: slice_size(), K) or blocks (the homomorphic
+  /// quantizer: options().block_size) cuts on them; any other
+  /// SegmentedCodec: 0, segments travel whole. Specialise for a codec whose
+  /// encode is not local to its granules.
+  static std::size_t granularity(const C& codec) {
+    if constexpr (!SegmentedCodec<C>) {
+      (void)codec;
+      return 1;
+    } else if constexpr (requires {
+                           { codec.slice_size() } -> std::convertible_to<std::size_t>;
+                         }) {
+      return static_cast<std::size_t>(codec.slice_size());
+    } else if constexpr (requires {
+                           { codec.options().block_size } -> std::convertible_to<std::size_t>;
+                         }) {
+      return static_cast<std::size_t>(codec.options().block_size);
+    } else {
+      (void)codec;
+      return 0;
+    }
+  }
+  /// ring_options::chunk_elements = 0 (automatic) for a largest segment of
+  /// `largest` elements: ring_auto_chunk_elements(largest) for a codec
+  /// whose encode works element by element or block by block (fp16, bf16,
+  /// dense, the homomorphic quantizer); whole segments for a codec whose
+  /// encode is one batched matrix product per call (slice_size(): GradiVeQ,
+  /// an Eigen GEMM per call). Measured on bench_gradiveq_ring (4 workers,
+  /// 2 cores): with Eigen single-threaded, 16 chunks per segment took the
+  /// GradiVeQ ring from 7.4x to 5.2x its 1 Gbit/s wire floor; with Eigen's
+  /// OpenMP threads (any build that links OpenMP, gradcomp::thrust does)
+  /// the 16x more GEMM calls, each synchronising its threads while four
+  /// ranks share two cores, took 8x the CPU. Ask for chunks explicitly
+  /// (chunk_elements > 0) where Eigen runs single-threaded.
+  static std::size_t auto_chunk_elements(const C& codec, std::size_t largest) {
+    if constexpr (requires {
+                    { codec.slice_size() } -> std::convertible_to<std::size_t>;
+                  }) {
+      (void)largest;
+      return ring_whole_segments;
+    } else {
+      (void)codec;
+      return ring_auto_chunk_elements(largest);
     }
   }
   /// Throws size_mismatch_error when a received payload says it belongs to another segment.
@@ -161,97 +211,124 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   }
   const std::vector<std::size_t> bounds = ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n),
                                                               data.size(), n, who);
-  auto segment = [&](int j) {
-    const auto u = static_cast<std::size_t>(j);
-    return data.subspan(bounds[u], bounds[u + 1] - bounds[u]);
-  };
-  std::vector<std::size_t> body(static_cast<std::size_t>(n), 0);  // body size of this rank's payload of each segment
+  // Chunks of the segments (ring_options::chunk_elements): one per segment
+  // unless a segment is larger than the chunk size.
+  std::size_t chunk_elements = options.chunk_elements;
+  if (chunk_elements == 0) {
+    std::size_t largest = 0;
+    for (std::size_t u = 0; u + 1 < bounds.size(); ++u) largest = std::max(largest, bounds[u + 1] - bounds[u]);
+    chunk_elements = seg::auto_chunk_elements(std::as_const(codec), largest);
+  }
+  const ring_chunk_plan plan(bounds, n == 1 ? 0 : seg::granularity(std::as_const(codec)), chunk_elements);
+  auto chunk = [&](int j, std::size_t c) { return data.subspan(plan.begin(j, c), plan.size(j, c)); };
+  // Body size of this rank's payload of each chunk (the limit of a received one).
+  std::vector<std::vector<std::size_t>> body(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) body[static_cast<std::size_t>(j)].assign(plan.count(j), 0);
   payload own;
-  // Eq. 3 on this rank's segment j; every segment is encoded exactly once.
-  auto encode_own = [&](int j) {
-    const auto u = static_cast<std::size_t>(j);
-    ring_timed(st.encode_seconds, [&] { seg::encode(codec, bounds[u], std::span<const float>(segment(j)), own); });
+  // Eq. 3 on chunk c of this rank's segment j; every chunk is encoded exactly once.
+  auto encode_own = [&](int j, std::size_t c) {
+    ring_timed(st.encode_seconds, [&] { seg::encode(codec, plan.begin(j, c), std::span<const float>(chunk(j, c)), own); });
     ++st.encodes;
-    body[u] = own.body_size();
+    body[static_cast<std::size_t>(j)][c] = own.body_size();
     st.own_encoded_bytes += codec.encoded_bytes(own);
-    on_encode(j, std::span<const float>(segment(j)), std::as_const(own));
+    on_encode(j, std::span<const float>(chunk(j, c)), std::as_const(own));
   };
-  // Eq. 5 into segment j (then the mean, when asked: the same operation on the same bits everywhere).
-  auto decode_segment = [&](const payload& p, int j) {
+  // Eq. 5 into chunk c of segment j (then the mean, when asked: the same operation on the same bits everywhere).
+  auto decode_chunk = [&](const payload& p, int j, std::size_t c) {
     ring_timed(st.decode_seconds, [&] {
-      codec.decode(p, segment(j));
-      if (options.average) ring_average(segment(j), n);
+      codec.decode(p, chunk(j, c));
+      if (options.average) ring_average(chunk(j, c), n);
     });
     ++st.decodes;
   };
   if (n == 1) {
-    encode_own(0);
-    decode_segment(own, 0);
+    encode_own(0, 0);
+    decode_chunk(own, 0, 0);
     st.seconds = ring_seconds_since(started);
     return st;
   }
 
   const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
   ring_channel<T> ch(t, ring.next(), ring.prev(), st);
-  auto rs_recv = ch.post(tag_rs, steps);
-  auto ag_recv = ch.post(tag_ag, steps);
-  auto receive = [&](auto& handle, int k, const char* phase, int s) {
+  // Every receive posted up front, in the order the predecessor sends.
+  auto rs_recv = ch.post(tag_rs, static_cast<int>(plan.messages(steps, [&](int s) { return ring.reduce_scatter_recv(s); })));
+  auto ag_recv = ch.post(tag_ag, static_cast<int>(plan.messages(steps, [&](int s) { return ring.all_gather_recv(s); })));
+  std::size_t rs_next = 0;
+  auto receive = [&](auto& handle, int k, std::size_t c, const char* phase, int s) {
     message m = ch.wait(handle);
-    const auto u = static_cast<std::size_t>(k);
-    const std::string where = ring_where(who, self, k, m.source, phase, s);
+    const std::string where =
+        plan.count(k) == 1 ? ring_where(who, self, k, m.source, phase, s)
+                           : ring_where(who, self, k, m.source, phase, s) + ", chunk " + std::to_string(c) + " of " +
+                                 std::to_string(plan.count(k));
     payload p;
     ring_timed(st.combine_seconds, [&] {
       // A linear codec's sum has the shape of one payload (eq. 4): the body
-      // can be no larger than this rank's own payload of the segment.
-      p = ring_parse<payload>(m, bounds[u + 1] - bounds[u], body[u], where);
-      seg::check(p, bounds[u], where);
+      // can be no larger than this rank's own payload of the chunk.
+      p = ring_parse<payload>(m, plan.size(k, c), body[static_cast<std::size_t>(k)][c], where);
+      seg::check(p, plan.begin(k, c), where);
     });
     return std::pair<message, payload>(std::move(m), std::move(p));
   };
 
-  // Line 3: compress segment r and send it.
-  encode_own(ring.reduce_scatter_send(0));
-  ch.send(tag_rs, ch.serialize(own));
-  payload owned;
+  // Line 3: compress segment r and send it, a chunk at a time (the first
+  // chunk travels while the next is compressed).
+  const int first = ring.reduce_scatter_send(0);
+  for (std::size_t c = 0; c < plan.count(first); ++c) {
+    encode_own(first, c);
+    ch.send(tag_rs, ch.serialize(own));
+  }
+  std::vector<payload> owned(plan.count(ring.owned_segment()));
   if constexpr (ReencodingLinearCodec<std::remove_const_t<C>>) {
     // Lines 4-8 with one rounding per hop: the received partial sum and this
-    // rank's raw segment are added and re-encoded once (the sum has the
-    // shape of one payload: its body is limited like the first encode's).
-    for (std::size_t u = 0; u < body.size(); ++u) body[u] = body[u] ? body[u] : ring_payload_body_limit(bounds[u + 1] - bounds[u]);
+    // rank's raw chunk are added and re-encoded once (the sum has the shape
+    // of one payload: its body is limited like the first encode's), and the
+    // chunk is forwarded while the next one arrives.
+    for (int j = 0; j < n; ++j)
+      for (std::size_t c = 0; c < plan.count(j); ++c) {
+        auto& b = body[static_cast<std::size_t>(j)][c];
+        b = b ? b : ring_payload_body_limit(plan.size(j, c));
+      }
     for (int s = 0; s < steps; ++s) {
       const int k = ring.reduce_scatter_recv(s);
-      auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
-      payload& in = got.second;
-      ring_timed(st.encode_seconds, [&] { codec.add_raw_and_reencode(in, std::span<const float>(segment(k))); });
-      ++st.encodes;
-      st.own_encoded_bytes += codec.encoded_bytes(in);
-      if (s + 1 < steps)
-        ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));
-      else
-        owned = std::move(in);
+      for (std::size_t c = 0; c < plan.count(k); ++c) {
+        auto got = receive(rs_recv[rs_next++], k, c, "reduce-scatter", s);
+        payload& in = got.second;
+        ring_timed(st.encode_seconds, [&] { codec.add_raw_and_reencode(in, std::span<const float>(chunk(k, c))); });
+        ++st.encodes;
+        st.own_encoded_bytes += codec.encoded_bytes(in);
+        if (s + 1 < steps) {
+          ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));
+        } else {  // complete: its all-gather starts now
+          ch.send(tag_ag, ch.serialize(in, std::move(got.first.bytes)));
+          owned[c] = std::move(in);
+        }
+      }
     }
-    ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
+    ring_chunked_all_gather_phase(ch, ring, plan, tag_ag, ag_recv, owned, receive, decode_chunk);
     st.seconds = ring_seconds_since(started);
     return st;
   }
-  // Lines 4-8: the segment of step s is compressed before its predecessor's
+  // Lines 4-8: the chunk of step s is compressed before its predecessor's
   // sum is waited for, so compression overlaps the transfer (Fig. 2b); the
-  // two are summed in the compressed domain (eq. 4) and forwarded.
-  encode_own(ring.reduce_scatter_recv(0));
+  // two are summed in the compressed domain (eq. 4) and forwarded while the
+  // next chunk arrives.
   for (int s = 0; s < steps; ++s) {
     const int k = ring.reduce_scatter_recv(s);
-    auto got = receive(rs_recv[static_cast<std::size_t>(s)], k, "reduce-scatter", s);
-    payload& in = got.second;
-    ring_timed(st.combine_seconds, [&] { codec.accumulate(in, own); });
-    if (s + 1 < steps) {
-      ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));  // the sum has the received size
-      encode_own(ring.reduce_scatter_recv(s + 1));  // while the sum just sent and the next one travel
-    } else {
-      owned = std::move(in);  // line 9: the complete compressed segment r+1
+    for (std::size_t c = 0; c < plan.count(k); ++c) {
+      encode_own(k, c);
+      auto got = receive(rs_recv[rs_next++], k, c, "reduce-scatter", s);
+      payload& in = got.second;
+      ring_timed(st.combine_seconds, [&] { codec.accumulate(in, own); });
+      if (s + 1 < steps) {
+        ch.send(tag_rs, ch.serialize(in, std::move(got.first.bytes)));  // the sum has the received size
+      } else {  // line 9: a chunk of the complete compressed segment r+1, whose all-gather starts now
+        ch.send(tag_ag, ch.serialize(in, std::move(got.first.bytes)));
+        owned[c] = std::move(in);
+      }
     }
   }
   // Lines 10-13.
-  ring_all_gather_phase(ch, ring, tag_ag, ag_recv, owned, receive, decode_segment);
+  ring_chunked_all_gather_phase(ch, ring, plan, tag_ag, ag_recv, owned, receive, decode_chunk);
   st.seconds = ring_seconds_since(started);
   return st;
 }
@@ -277,15 +354,25 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Result: data = decode(sum over ranks of encode(segment)), segment by
 /// segment; bit-identical on every rank (all decode the same bytes).
 /// For GradiVeQ the codec's summands() must equal N (invalid_argument_error).
-/// `on_encode(segment j, std::span<const float> local segment, const payload&)`
-/// is called after each of this rank's N own encodes (e.g. GradiVeQ's eq. 7
-/// local_loss). Messages are wire payloads; a received one is parsed with
-/// limits derived from its segment (element count exactly the segment's,
-/// body at most this rank's own payload of that segment, which for a linear
-/// codec has the aggregate's shape): bad bytes throw wire::wire_error, a wrong
-/// length or offset size_mismatch_error, a codec mismatch the codec's error
-/// (GradiVeQ: fingerprint_mismatch_error), transport failures transport_error /
-/// timeout_error. Each rank sends 2(N-1) messages, one compressed segment each.
+/// `on_encode(segment j, std::span<const float> local part, const payload&)`
+/// is called after each of this rank's own encodes (N with whole segments,
+/// one per chunk with chunks; e.g. GradiVeQ's eq. 7 local_loss, whose sum
+/// over the calls is the same). Messages are wire payloads; a received one
+/// is parsed with limits derived from its chunk (element count exactly the
+/// chunk's, body at most this rank's own payload of that chunk, which for a
+/// linear codec has the aggregate's shape): bad bytes throw wire::wire_error,
+/// a wrong length or offset size_mismatch_error, a codec mismatch the codec's
+/// error (GradiVeQ: fingerprint_mismatch_error), transport failures
+/// transport_error / timeout_error; the message names the segment and chunk.
+///
+/// Chunks (options.chunk_elements, ring/chunks.hpp): each segment travels as
+/// chunks on the codec's granularity, and a hop accumulates (or re-encodes)
+/// and forwards chunk c while chunk c+1 arrives; the first hop sends each
+/// chunk as soon as it is encoded, and each completed chunk of the owned
+/// segment starts its all-gather at once. The sums are element by element,
+/// so the result does not depend on the chunks (fp16, bf16, dense_codec,
+/// the homomorphic quantizer: the same bits; GradiVeQ: within its GEMM's
+/// rounding). Each rank sends 2(N-1) segments, one message per chunk.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
 ///
@@ -297,7 +384,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// A ReencodingLinearCodec (fp16, bf16) runs lines 4-8 as one
 /// add_raw_and_reencode per hop instead (the received partial sum plus this
 /// rank's raw segment, rounded once): each rank encodes only its first
-/// segment, and `on_encode` is called for that one encode only.
+/// segment, and `on_encode` is called for that segment's encodes only.
 template <ExecutionPolicy Policy, Transport T, class C, class OnEncode = ring_no_observer>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats ring_allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const ring_options& options = {},

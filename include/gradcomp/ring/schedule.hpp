@@ -32,7 +32,32 @@ struct ring_options {
   /// A protocol that runs the ring on tags of its own range (the LGC ring,
   /// the whole-model exchange's buckets) names that range here.
   tags::tag_range tag_owner = tags::ring;
+  /// Chunks of a hop in the compressed linear ring (ring_allreduce_linear;
+  /// the plain ring ignores it): each segment travels as chunks of about
+  /// this many elements (rounded up to the codec's granularity, see
+  /// ring_segmentation::granularity), and a hop adds, re-encodes and
+  /// forwards a chunk as soon as it has arrived, so the receive of chunk
+  /// c+1, the work on chunk c and the send of chunk c-1 overlap. The sums
+  /// are element by element, so the result is the same as with whole
+  /// segments. 0 (the default): automatic, ring_segmentation's
+  /// auto_chunk_elements (ring_auto_chunk_elements of the largest segment
+  /// for most codecs, whole segments for GradiVeQ); ring_whole_segments:
+  /// one message per segment.
+  std::size_t chunk_elements = 0;
 };
+
+/// ring_options::chunk_elements for one message per segment (no chunks).
+inline constexpr std::size_t ring_whole_segments = static_cast<std::size_t>(-1);
+
+/// The automatic chunk of ring_options::chunk_elements = 0 for a largest
+/// segment of `segment` elements: a 16th of it, but at least 131,072 elements
+/// (an fp16 chunk is then at least 256 KB on the wire, a 4-bit one 64 KB, the
+/// least message size the SMPI benches allow a schedule to choose):
+/// segments of at most 131,072 elements travel whole. The same on every rank.
+inline constexpr std::size_t ring_auto_chunk_elements(std::size_t segment) noexcept {
+  const std::size_t sixteenth = segment / 16 + (segment % 16 != 0 ? 1 : 0);
+  return sixteenth > 131072 ? sixteenth : 131072;
+}
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The bookkeeping of a ring over N ranks and a vector of `length` elements:

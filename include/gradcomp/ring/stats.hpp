@@ -17,7 +17,9 @@ namespace gradcomp {
 /// i.e. what its outgoing link carries.
 struct ring_stats {
   std::size_t bytes_sent = 0;         ///< bytes this rank sent
-  std::size_t messages_sent = 0;      ///< messages this rank sent (2(N-1) in the ring forms, N-1 in the all-gather)
+  /// messages this rank sent (2(N-1) in the ring forms with whole segments,
+  /// one per chunk with chunks; N-1 in the all-gather)
+  std::size_t messages_sent = 0;
   std::size_t bytes_received = 0;     ///< bytes this rank received
   std::size_t own_encoded_bytes = 0;  ///< encoded_bytes() of the encodes of this rank's own input: its compressed vector
   std::size_t encodes = 0;            ///< codec encode calls
