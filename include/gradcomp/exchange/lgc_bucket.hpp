@@ -455,15 +455,20 @@ class lgc_ring_bucket final : public bucket_codec {
   /// lgc_options::feedback_aggregate_error: v_k += x_k - D(average code) at
   /// the index set (decoded_ holds D(average code)), when the relative error
   /// ||x_k - D||^2 / ||x_k||^2 is at most feedback_max_error.
-  void aggregate_feedback() {
+  void aggregate_feedback() { feed_back(decoded_); }
+
+  /// v_k += mid_ - reconstruction at the autoencoder layers' index sets,
+  /// when ||mid_ - reconstruction||^2 / ||mid_||^2 <= feedback_max_error
+  /// (the autoencoder tracks its inputs); records that relative error.
+  void feed_back(const std::vector<float>& reconstruction) {
     double err = 0.0, norm = 0.0;
     for (std::size_t e = 0; e < mid_.size(); ++e) {
-      const double d = double(mid_[e]) - double(decoded_[e]);
+      const double d = double(mid_[e]) - double(reconstruction[e]);
       err += d * d;
       norm += double(mid_[e]) * double(mid_[e]);
     }
     last_rel_error_ = norm > 0.0 ? float(err / norm) : 0.0f;
-    if (!(last_rel_error_ <= opt_.feedback_max_error)) return;
+    if (!(last_rel_error_ <= opt_.feedback_max_error)) return;  // not tracking its inputs (yet)
     ++feedback_steps_;
     std::size_t at = 0;
     for (std::size_t l = 0, j = 0; l < layout_.sizes.size(); ++l) {
@@ -471,7 +476,7 @@ class lgc_ring_bucket final : public bucket_codec {
       const auto& idx = index_set_.indices[j++];
       if (layout_.roles[l] != lgc_layer_role::autoencoder) continue;
       for (std::uint32_t i : idx) {
-        acc_.v[l][i] += mid_[at] - decoded_[at];
+        acc_.v[l][i] += mid_[at] - reconstruction[at];
         ++at;
       }
     }
@@ -528,25 +533,7 @@ class lgc_ring_bucket final : public bucket_codec {
     if (opt_.feedback_reconstruction_error) {  // beyond the paper (lgc_options): v += mid - decode(own code)
       own_.resize(layout_.mu);
       codec.decode(std::span<const float>(code_.codes), std::span<const float>(index_set_.scales), own_, decode_ws_);
-      double err = 0.0, norm = 0.0;
-      for (std::size_t e = 0; e < own_.size(); ++e) {
-        const double d = double(mid_[e]) - double(own_[e]);
-        err += d * d;
-        norm += double(mid_[e]) * double(mid_[e]);
-      }
-      last_rel_error_ = norm > 0.0 ? float(err / norm) : 0.0f;
-      if (!(last_rel_error_ <= opt_.feedback_max_error)) return;  // not tracking its inputs (yet)
-      ++feedback_steps_;
-      std::size_t at = 0;
-      for (std::size_t l = 0, j = 0; l < layout_.sizes.size(); ++l) {
-        if (layout_.roles[l] == lgc_layer_role::dense) continue;
-        const auto& idx = index_set_.indices[j++];
-        if (layout_.roles[l] != lgc_layer_role::autoencoder) continue;
-        for (std::uint32_t i : idx) {
-          acc_.v[l][i] += mid_[at] - own_[at];
-          ++at;
-        }
-      }
+      feed_back(own_);
     }
   }
 
