@@ -50,13 +50,6 @@ bool same_on_every_rank(std::span<const float> x) {
   return all == 1;
 }
 
-double max_rel(const vec& got, const vec& want) {
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i]))));
-  return worst;
-}
-
 
 double thread_cpu_seconds() {
   timespec ts{};

@@ -45,14 +45,6 @@ std::vector<vec> run_schedule(int n, const std::vector<vec>& x, schedule_options
   return out;
 }
 
-// Max |got - want| / max(1, |want|) over the elements.
-double max_rel(const vec& got, const vec& want) {
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i]))));
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("schedules: rabenseifner_schedule folds non-powers of two like MPICH") {

@@ -37,13 +37,6 @@ std::vector<vec> run_direct(int n, const std::vector<vec>& x, schedule_options o
   return out;
 }
 
-double max_rel(const vec& got, const vec& want) {
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i]))));
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("direct schedule: sums, bit-identical on every rank, N = 1..8, all lengths, chunked or not") {
