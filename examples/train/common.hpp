@@ -46,6 +46,7 @@ struct run_options {
   std::string data_dir;
   std::size_t train_samples = 0;  ///< training subset (0: all 60000)
   std::size_t eval_samples = 0;   ///< test images of the intermediate evaluations (0: all 10000)
+  int width = 1;                  ///< channel multiplier of the model (--model wide: 4, 1.24M parameters)
   // Training.
   int workers = 4;
   std::size_t batch = 32;         ///< per worker; the global batch is workers * batch

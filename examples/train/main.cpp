@@ -206,7 +206,7 @@ void worker_main(const run_context& ctx, counted_transport& data, counted_transp
   torch::set_num_threads(ctx.torch_threads);
 
   // The replica: same initial parameters as the prototype on every worker.
-  small_resnet net;
+  small_resnet net(o.width);
   {
     torch::NoGradGuard no_grad;
     auto src = ctx.prototype->get()->parameters();
@@ -605,6 +605,12 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
       ->delimiter(',');
   app.add_flag("--list", list, "List the configurations and whether this build can run them, then exit");
   app.add_flag("--full", full, "Train long enough for the accuracies to settle (all 60000 images, 10 epochs)");
+  std::string model_name = "small";
+  app.add_option("--model", model_name,
+                 "small: the 78k-parameter ResNet (16-32-64 channels); wide: the same with 4x the channels "
+                 "(64-128-256, 1.24M parameters); RESULT names of wide runs end in _wide")
+      ->check(CLI::IsMember({"small", "wide"}))
+      ->capture_default_str();
   auto* workers_option =
       app.add_option("-n,--workers", o.workers,
                      "Number of workers N (threads over the in-process transport; under mpirun: the process count)")
@@ -731,6 +737,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
     selected = unique;
   }
 
+  o.width = model_name == "wide" ? 4 : 1;
   // Defaults of the short and the --full run.
   o.train_samples = train_samples.value_or(full ? 60000 : 20000);
   o.eval_samples = eval_samples.value_or(full ? 10000 : 2000);
@@ -776,7 +783,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
 
   // The model and its layers (fixed seed), and the codecs' parameter check.
   torch::manual_seed(o.seed);
-  small_resnet prototype;
+  small_resnet prototype(o.width);
   const auto layers = describe_layers(prototype);
   std::vector<std::vector<float>> initial;
   for (const auto& p : prototype->parameters()) {
@@ -803,7 +810,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t total_steps =
       std::max<std::size_t>(1, std::size_t(std::llround(o.epochs * double(plan.steps_per_epoch))));
-  out << "model: " << layers.size() << " tensors, " << params << " parameters (" << std::fixed
+  out << "model: " << (o.width == 1 ? "small" : "wide (4x channels)") << ", " << layers.size() << " tensors, " << params << " parameters (" << std::fixed
             << std::setprecision(1) << 100.0 * double(conv_params) / double(params) << "% in convolutions)\n"
             << "data: " << o.train_samples << " training images in " << o.workers << " shards, batch " << o.batch
             << " per worker (global " << std::size_t(o.workers) * o.batch << "), " << plan.steps_per_epoch
@@ -871,7 +878,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
     out << "plot:    not written: " << why << "\n";
   for (const auto& s : skipped) out << "skipped: " << s << "\n";
   out << "\n";
-  print_result_lines(out, results);
+  print_result_lines(out, results, o.width == 1 ? "" : "_wide");
   return 0;
 }
 

@@ -17,6 +17,11 @@
 /// global batch compute the same function as one worker (BatchNorm's batch
 /// statistics would differ between a local batch and the global batch).
 /// Convolutions have no bias (the norm that follows has one).
+///
+/// `width` multiplies every channel count (16, 32, 64 become 16w, 32w, 64w):
+/// the parameters grow with w^2. `--model wide` is w = 4: 1.24M parameters,
+/// for issue 24's question whether LGC's 0.1% top-k keeps accuracy on a
+/// model closer to the paper's (ResNet-20 on CIFAR-10: 0.27M; ResNet-50: 25.6M).
 
 #include <torch/torch.h>
 
@@ -49,14 +54,15 @@ struct residual_block_impl : torch::nn::Module {
 TORCH_MODULE_IMPL(residual_block, residual_block_impl);
 
 struct small_resnet_impl : torch::nn::Module {
-  small_resnet_impl() {
+  explicit small_resnet_impl(int width = 1) {
     using namespace torch::nn;
-    stem = register_module("stem", Conv2d(Conv2dOptions(1, 16, 3).stride(2).padding(1).bias(false)));
-    stem_norm = register_module("stem_norm", GroupNorm(GroupNormOptions(4, 16)));
-    block0 = register_module("block0", residual_block(16, 16, 1));
-    block1 = register_module("block1", residual_block(16, 32, 2));
-    block2 = register_module("block2", residual_block(32, 64, 2));
-    fc = register_module("fc", Linear(64, 10));
+    const int c1 = 16 * width, c2 = 32 * width, c3 = 64 * width;
+    stem = register_module("stem", Conv2d(Conv2dOptions(1, c1, 3).stride(2).padding(1).bias(false)));
+    stem_norm = register_module("stem_norm", GroupNorm(GroupNormOptions(4, c1)));
+    block0 = register_module("block0", residual_block(c1, c1, 1));
+    block1 = register_module("block1", residual_block(c1, c2, 2));
+    block2 = register_module("block2", residual_block(c2, c3, 2));
+    fc = register_module("fc", Linear(c3, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
     x = torch::relu(stem_norm(stem(x)));

@@ -90,13 +90,14 @@ void print_table(std::ostream& out, const std::vector<run_result>& results) {
          "compute ms    forward + backward per step, worker 0 (N worker threads share the cores)\n";
 }
 
-void print_result_lines(std::ostream& out, const std::vector<run_result>& results) {
+void print_result_lines(std::ostream& out, const std::vector<run_result>& results, const std::string& model_suffix) {
   for (const auto& r : results) {
-    out << "RESULT " << config_name(r.config) << "_accuracy " << fixed(r.final_accuracy, 2) << " %\n";
+    const std::string name = std::string(config_name(r.config)) + model_suffix;
+    out << "RESULT " << name << "_accuracy " << fixed(r.final_accuracy, 2) << " %\n";
     const double ratio = r.counters.encoded_bytes ? r.counters.ratio() : 1.0;
-    out << "RESULT " << config_name(r.config) << "_ratio " << fixed(ratio, 2) << " x\n";
-    for (const auto& [name, value] : r.extra_ratios)
-      out << "RESULT " << config_name(r.config) << "_" << name << " " << fixed(value, 2) << " x\n";
+    out << "RESULT " << name << "_ratio " << fixed(ratio, 2) << " x\n";
+    for (const auto& [extra, value] : r.extra_ratios)
+      out << "RESULT " << name << "_" << extra << " " << fixed(value, 2) << " x\n";
   }
 }
 

@@ -15,7 +15,7 @@ namespace train {
 void print_table(std::ostream& out, const std::vector<run_result>& results);
 
 /// `RESULT <config>_accuracy <value> %` and `RESULT <config>_ratio <value> x` per result.
-void print_result_lines(std::ostream& out, const std::vector<run_result>& results);
+void print_result_lines(std::ostream& out, const std::vector<run_result>& results, const std::string& model_suffix);
 
 /// Writes the curves of every configuration to `path` (one row per point).
 void write_curves_csv(const std::string& path, const std::vector<run_result>& results);
