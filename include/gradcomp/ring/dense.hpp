@@ -246,16 +246,20 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Sums (or averages, options.average) `data` in place across all ranks of `t`
 /// with a ring all-reduce; additions use add_into(Policy{}, ...) from the
 /// policy's kernels. A ZeroCopyTransport (MPI) sends from and receives into
-/// `data` directly; other transports move byte vectors (see the detail
+/// `data` directly, and so does a ZeroCopyCapableTransport (inproc) through
+/// its zero_copy() face; other transports move byte vectors (see the detail
 /// functions). See the file comment for the algorithm, tags and errors.
 template <ExecutionPolicy Policy, Transport T>
 void ring_allreduce(Policy, T& t, std::span<float> data, const ring_options& options = {}) {
   detail::ring_check_tags(options, "ring_allreduce");
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   if (ring.size() == 1) return;  // the sum (and the mean) of one vector is itself
-  if constexpr (ZeroCopyTransport<T>)
+  if constexpr (ZeroCopyTransport<T>) {
     detail::ring_allreduce_zero_copy<Policy>(t, data, ring, options);
-  else
+  } else if constexpr (ZeroCopyCapableTransport<T>) {
+    auto face = t.zero_copy();  // inproc: one copy per hop, straight between the ranks' vectors
+    detail::ring_allreduce_zero_copy<Policy>(face, data, ring, options);
+  } else
     detail::ring_allreduce_moving<Policy>(t, data, ring, options);
 }
 
