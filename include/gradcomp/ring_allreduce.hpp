@@ -29,8 +29,8 @@
 /// vector, as raw floats in native byte order (ranks are assumed homogeneous;
 /// codec payloads use wire.hpp instead).
 ///
-/// Copies: over a plain Transport (inproc), which moves whole byte vectors,
-/// received buffers are summed into and forwarded as they are, so a rank
+/// Copies: over a plain Transport that moves whole byte vectors (a decorator
+/// such as emulated_link), received buffers are summed into and forwarded as they are, so a rank
 /// copies only its first segment of each phase and the all-gather's segments
 /// into `data` (the first send's buffer is the one the thread's previous
 /// call received last: no allocation in a loop). Over a ZeroCopyTransport
@@ -38,6 +38,9 @@
 /// scratch buffers: no copies at all; there every segment goes as messages
 /// of at most 256 KiB (detail::ring_zero_copy_chunk), and each chunk is
 /// added and forwarded while the next ones arrive (same sums, same bits).
+/// Over inproc_endpoint (a ZeroCopyCapableTransport) it takes the wavefront
+/// form of that path through ep.zero_copy() (detail::ring_allreduce_wavefront):
+/// one copy per chunk and hop, straight between the ranks' memory.
 ///
 /// Errors: a received segment whose byte length is not the expected one (the
 /// ranks disagree on the length) throws transport_error naming both; transport

@@ -153,6 +153,49 @@ inline constexpr std::size_t ring_zero_copy_chunk = std::size_t{1} << 16;
 /// Reduce-scatter receives in flight (each into its own chunk of scratch).
 inline constexpr std::size_t ring_zero_copy_depth = 4;
 
+/// The all-gather of the zero-copy rings, after the reduce-scatter left the
+/// owned segment complete in `data` (and no send pending): averages it if
+/// asked, then receives each chunk straight into place and forwards it from
+/// there (every receive posted up front).
+template <class Policy, class T>
+void ring_zero_copy_all_gather(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
+  const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  const int tag_ag = options.tag_base + 1;
+  constexpr std::size_t chunk = ring_zero_copy_chunk;
+  auto chunks = [&](std::size_t len) { return len == 0 ? std::size_t{1} : (len + chunk - 1) / chunk; };
+  auto piece = [&](std::span<float> seg, std::size_t c) {
+    const std::size_t b = std::min(seg.size(), c * chunk);
+    return seg.subspan(b, std::min(chunk, seg.size() - b));
+  };
+  auto bytes = [](std::span<float> x) { return std::as_writable_bytes(x); };
+  auto cbytes = [](std::span<float> x) { return std::as_bytes(x); };
+  using recv_handle = decltype(t.irecv_into(prev, tag_ag, std::span<std::byte>{}));
+  using send_handle = decltype(t.isend_view(next, tag_ag, std::span<const std::byte>{}));
+  std::vector<send_handle> sends;
+  const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
+  if (options.average) ring_average(mine, ring.size());
+
+  // Receive each chunk into place, forward it from there.
+  std::vector<recv_handle> ag;
+  for (int s = 0; s < steps; ++s) {
+    const std::span<float> seg = ring.segment<float>(data, ring.all_gather_recv(s));
+    for (std::size_t c = 0; c < chunks(seg.size()); ++c) ag.push_back(t.irecv_into(prev, tag_ag, bytes(piece(seg, c))));
+  }
+  for (std::size_t c = 0; c < chunks(mine.size()); ++c) sends.push_back(t.isend_view(next, tag_ag, cbytes(piece(mine, c))));
+  std::size_t h = 0;
+  for (int s = 0; s < steps; ++s) {
+    const int k = ring.all_gather_recv(s);
+    const std::span<float> seg = ring.segment<float>(data, k);
+    for (std::size_t c = 0; c < chunks(seg.size()); ++c, ++h) {
+      const std::span<float> part = piece(seg, c);
+      const std::size_t got = ag[h].wait();
+      ring_check_length(got, part.size(), self, prev, k, "all-gather", s);
+      if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(part)));
+    }
+  }
+  for (auto& sh : sends) sh.wait();
+}
+
 /// The ring over a ZeroCopyTransport (MPI), chunk-pipelined: every hop's
 /// segment goes as chunks of ring_zero_copy_chunk floats, sent straight from
 /// `data`. The reduce-scatter receives into a few chunk-sized scratch buffers
@@ -165,7 +208,7 @@ inline constexpr std::size_t ring_zero_copy_depth = 4;
 template <class Policy, class T>
 void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
   const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
-  const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
+  const int tag_rs = options.tag_base;
   constexpr std::size_t chunk = ring_zero_copy_chunk, depth = ring_zero_copy_depth;
   auto chunks = [&](std::size_t len) { return len == 0 ? std::size_t{1} : (len + chunk - 1) / chunk; };
   auto piece = [&](std::span<float> seg, std::size_t c) {
@@ -215,28 +258,129 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
   for (auto& h : sends) h.wait();
   sends.clear();
 
-  const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
-  if (options.average) ring_average(mine, ring.size());
+  ring_zero_copy_all_gather<Policy>(t, data, ring, options);
+}
 
-  // All-gather: receive each chunk into place, forward it from there.
-  std::vector<recv_handle> ag;
-  for (int s = 0; s < steps; ++s) {
-    const std::span<float> seg = ring.segment<float>(data, ring.all_gather_recv(s));
-    for (std::size_t c = 0; c < chunks(seg.size()); ++c) ag.push_back(t.irecv_into(prev, tag_ag, bytes(piece(seg, c))));
-  }
-  for (std::size_t c = 0; c < chunks(mine.size()); ++c) sends.push_back(t.isend_view(next, tag_ag, cbytes(piece(mine, c))));
-  std::size_t h = 0;
-  for (int s = 0; s < steps; ++s) {
-    const int k = ring.all_gather_recv(s);
-    const std::span<float> seg = ring.segment<float>(data, k);
-    for (std::size_t c = 0; c < chunks(seg.size()); ++c, ++h) {
-      const std::span<float> part = piece(seg, c);
-      const std::size_t got = ag[h].wait();
-      ring_check_length(got, part.size(), self, prev, k, "all-gather", s);
-      if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(part)));
+
+/// A reduce-scatter message of the wavefront ring: chunk `chunk` of step `step`.
+struct ring_wave_message {
+  int step;
+  std::size_t chunk;
+};
+
+/// The messages (s, c), c < count(s), of a reduce-scatter sorted by their
+/// tick s + c, then by s: the order of the wavefront ring on every link
+/// (a rank's sends and its successor's receives enumerate the same list).
+template <class Count>
+std::vector<ring_wave_message> ring_wave_order(int steps, Count count) {
+  std::size_t longest = 0;
+  for (int s = 0; s < steps; ++s) longest = std::max(longest, count(s));
+  std::vector<ring_wave_message> out;
+  for (std::size_t tick = 0; tick + 1 < longest + static_cast<std::size_t>(steps); ++tick)
+    for (int s = 0; s < steps && static_cast<std::size_t>(s) <= tick; ++s)
+      if (tick - static_cast<std::size_t>(s) < count(s)) out.push_back({s, tick - static_cast<std::size_t>(s)});
+  return out;
+}
+
+/// The ring over the zero-copy face of a ZeroCopyCapableTransport (inproc),
+/// whose sends are consumed by a copy as soon as the receive is posted.
+/// The reduce-scatter runs as a wavefront: chunk c of step s travels at tick
+/// s + c, so a chunk received and summed at tick t is forwarded at tick t + 1,
+/// out of the chunk-sized scratch slot it was received in (two ticks of
+/// slots: 2(N-1) of ring_zero_copy_chunk floats), and the successor copies
+/// it out while it is still in cache. A segment that the all-gather
+/// overwrites is then only read (own + received, in the slot), never
+/// written: per hop one read of a segment of `data` instead of a read and a
+/// write. The last step adds into `data` (the owned segment). Receives are
+/// posted one tick ahead, so the sender usually finds them and copies its
+/// chunk straight into them. The all-gather is the zero-copy one. Each
+/// element's additions have the plain ring's operands in the plain ring's
+/// order (IEEE addition commutes): bit for bit the same result.
+template <class Policy, class T>
+void ring_allreduce_wavefront(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
+  const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  const int tag_rs = options.tag_base;
+  constexpr std::size_t chunk = ring_zero_copy_chunk;
+  auto chunks = [&](std::size_t len) { return len == 0 ? std::size_t{1} : (len + chunk - 1) / chunk; };
+  auto piece = [&](std::span<float> seg, std::size_t c) {
+    const std::size_t b = std::min(seg.size(), c * chunk);
+    return seg.subspan(b, std::min(chunk, seg.size() - b));
+  };
+  using recv_handle = decltype(t.irecv_into(prev, tag_rs, std::span<std::byte>{}));
+  using send_handle = decltype(t.isend_view(next, tag_rs, std::span<const std::byte>{}));
+
+  const auto recvs = ring_wave_order(steps, [&](int s) { return chunks(ring.size(ring.reduce_scatter_recv(s))); });
+  const auto sendl = ring_wave_order(steps, [&](int s) { return chunks(ring.size(ring.reduce_scatter_send(s))); });
+  auto tick = [](const ring_wave_message& m) { return static_cast<std::size_t>(m.step) + m.chunk; };
+  const std::size_t slots = 2 * static_cast<std::size_t>(steps);
+  auto slot_of = [&](const ring_wave_message& m) { return (tick(m) % 2) * static_cast<std::size_t>(steps) + static_cast<std::size_t>(m.step); };
+  const std::size_t slot_floats = std::min(chunk, ring.size(0));  // segment 0 is a largest one
+  // where[s][c]: the slot holding received (s, c) once it is summed (its forward is send (s + 1, c))
+  std::vector<std::vector<std::size_t>> where(static_cast<std::size_t>(steps));
+  std::vector<std::vector<bool>> summed(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) summed[static_cast<std::size_t>(s)].assign(chunks(ring.size(ring.reduce_scatter_recv(s))), false);
+
+  // Declared before the handles: a pending handle may still use them when destroyed.
+  std::vector<float> scratch(slots * slot_floats);
+  auto slot = [&](std::size_t k) { return std::span<float>(scratch).subspan(k * slot_floats, slot_floats); };
+  std::vector<send_handle> sends;  // from `data` (step 0)
+  std::vector<std::optional<recv_handle>> posted(slots);
+  std::vector<std::optional<send_handle>> forwards(slots);  // the pending forward out of each slot
+
+  std::size_t next_post = 0, next_send = 0;
+  auto post_through = [&](std::size_t last_tick) {  // posts every receive of a tick <= last_tick
+    for (; next_post < recvs.size() && tick(recvs[next_post]) <= last_tick; ++next_post) {
+      const std::size_t k = slot_of(recvs[next_post]);
+      if (auto& f = forwards[k]) {  // the slot's chunk of two ticks ago must have left
+        f->wait();
+        f.reset();
+      }
+      posted[k].emplace(t.irecv_into(prev, tag_rs, std::as_writable_bytes(slot(k))));
+    }
+  };
+  auto send_ready = [&] {  // sends, in link order, every message whose chunk is summed
+    for (; next_send < sendl.size(); ++next_send) {
+      const auto [s, c] = sendl[next_send];
+      if (s == 0) {
+        const std::span<float> first = piece(ring.segment<float>(data, ring.reduce_scatter_send(0)), c);
+        sends.push_back(t.isend_view(next, tag_rs, std::as_bytes(first)));
+        continue;
+      }
+      const auto u = static_cast<std::size_t>(s - 1);
+      if (!summed[u][c]) break;
+      const std::size_t k = where[u][c];
+      const std::size_t len = piece(ring.segment<float>(data, ring.reduce_scatter_send(s)), c).size();
+      forwards[k].emplace(t.isend_view(next, tag_rs, std::as_bytes(slot(k).first(len))));
+    }
+  };
+
+  for (int s = 0; s < steps; ++s) where[static_cast<std::size_t>(s)].resize(summed[static_cast<std::size_t>(s)].size());
+  for (const auto& m : recvs) {
+    send_ready();  // first: a slot is reused only once its chunk was forwarded
+    post_through(tick(m) + 1);
+    const int s = m.step, k = ring.reduce_scatter_recv(s);
+    const std::size_t at = slot_of(m);
+    const std::span<float> own = piece(ring.segment<float>(data, k), m.chunk);
+    const std::size_t got = posted[at]->wait();
+    posted[at].reset();
+    ring_check_length(got, own.size(), self, prev, k, "reduce-scatter", s);
+    const std::span<float> in = slot(at).first(own.size());
+    if (s + 1 < steps) {
+      add_into(Policy{}, in, std::span<const float>(own));  // the bits of own + in
+      where[static_cast<std::size_t>(s)][m.chunk] = at;
+      summed[static_cast<std::size_t>(s)][m.chunk] = true;
+    } else {
+      add_into(Policy{}, own, std::span<const float>(in));  // the owned segment, complete
     }
   }
-  for (auto& sh : sends) sh.wait();
+  send_ready();
+  // The all-gather receives into the segment sent first: those sends must be done.
+  for (auto& h : sends) h.wait();
+  for (auto& f : forwards)
+    if (f) f->wait();
+  sends.clear();
+
+  ring_zero_copy_all_gather<Policy>(t, data, ring, options);
 }
 
 GRADCOMP_ABI_NAMESPACE_END
@@ -246,16 +390,20 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Sums (or averages, options.average) `data` in place across all ranks of `t`
 /// with a ring all-reduce; additions use add_into(Policy{}, ...) from the
 /// policy's kernels. A ZeroCopyTransport (MPI) sends from and receives into
-/// `data` directly; other transports move byte vectors (see the detail
-/// functions). See the file comment for the algorithm, tags and errors.
+/// `data` directly; a ZeroCopyCapableTransport (inproc) takes the wavefront
+/// form of that path through its zero_copy() face; other transports move
+/// byte vectors (see the detail functions). See the file comment for the algorithm, tags and errors.
 template <ExecutionPolicy Policy, Transport T>
 void ring_allreduce(Policy, T& t, std::span<float> data, const ring_options& options = {}) {
   detail::ring_check_tags(options, "ring_allreduce");
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   if (ring.size() == 1) return;  // the sum (and the mean) of one vector is itself
-  if constexpr (ZeroCopyTransport<T>)
+  if constexpr (ZeroCopyTransport<T>) {
     detail::ring_allreduce_zero_copy<Policy>(t, data, ring, options);
-  else
+  } else if constexpr (ZeroCopyCapableTransport<T>) {
+    auto face = t.zero_copy();  // inproc: one copy per hop, straight between the ranks' memory
+    detail::ring_allreduce_wavefront<Policy>(face, data, ring, options);
+  } else
     detail::ring_allreduce_moving<Policy>(t, data, ring, options);
 }
 

@@ -28,6 +28,10 @@
 ///  - A receive handle destroyed before completion cancels the receive; a
 ///    message already matched to it is discarded.
 ///  - Everything is thread-safe. Handles keep the fabric's state alive.
+///  - endpoint.zero_copy() is the same endpoint as a ZeroCopyTransport
+///    (inproc_zero_copy: isend_view from the caller's memory, irecv_into the
+///    caller's buffer, one copy between the two), which drivers with a
+///    zero-copy path take (ZeroCopyCapableTransport, concepts.hpp).
 
 #include <algorithm>
 #include <atomic>
@@ -41,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -48,6 +53,8 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
+#include <gradcomp/transport/inproc/handles.hpp>
+#include <gradcomp/transport/inproc/state.hpp>
 
 namespace gradcomp::transport {
 
@@ -57,190 +64,8 @@ struct inproc_options {
   std::chrono::nanoseconds recv_timeout = std::chrono::seconds(60);
 };
 
-namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
-
-struct inproc_recv_state {
-  int source = any_source;  // requested source (or any_source)
-  int tag = 0;
-  bool done = false;        // a message was matched to this receive
-  message msg;
-};
-
-struct inproc_mailbox {
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<message> queued;                               // arrived, unmatched (arrival order)
-  std::list<std::shared_ptr<inproc_recv_state>> posted;     // posted, unmatched (posting order)
-};
-
-/// Per-rank traffic counters.
-struct inproc_counters {
-  std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, messages_sent{0}, messages_received{0};
-};
-
-/// State shared by a fabric, its endpoints and every outstanding handle.
-struct inproc_shared {
-  explicit inproc_shared(int n)
-      : size(n), closed(static_cast<std::size_t>(n)), counters(static_cast<std::size_t>(n)) {
-    boxes.reserve(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) boxes.push_back(std::make_unique<inproc_mailbox>());
-  }
-  const int size;
-  std::vector<std::unique_ptr<inproc_mailbox>> boxes;
-  std::vector<std::atomic<bool>> closed;
-  std::vector<inproc_counters> counters;
-
-  bool is_closed(int r) const noexcept { return closed[static_cast<std::size_t>(r)].load(); }
-
-  void close(int r) {
-    closed[static_cast<std::size_t>(r)].store(true);
-    // Wake every waiter so it re-checks its peer; locking first means no waiter
-    // can miss the flag between its check and its sleep.
-    for (auto& box : boxes) {
-      std::lock_guard<std::mutex> lock(box->mutex);
-      box->cv.notify_all();
-    }
-  }
-
-  /// Why a receive posted by `self` for `source` can never complete, or "" if it still can.
-  /// Call with self's mailbox locked.
-  std::string failure(int self, int source) const {
-    if (is_closed(self)) return "rank " + std::to_string(self) + " is closed";
-    if (source != any_source) {
-      if (is_closed(source)) return "rank " + std::to_string(source) + " is closed";
-      return {};
-    }
-    if (size == 1) return {};
-    for (int r = 0; r < size; ++r)
-      if (r != self && !is_closed(r)) return {};
-    return "every other rank is closed";
-  }
-};
-
-inline std::string peer_name(int source) {
-  return source == any_source ? std::string("any rank") : "rank " + std::to_string(source);
-}
-
-GRADCOMP_ABI_NAMESPACE_END
-}  // namespace detail
-
-GRADCOMP_ABI_NAMESPACE_BEGIN
-/// Handle of an inproc send. The buffer is in the destination's mailbox by the
-/// time isend returns, so the handle is always complete.
-class inproc_send_handle {
- public:
-  void wait() noexcept {}
-  bool test() noexcept { return true; }
-};
-
-class inproc_endpoint;
-
-/// Handle of an inproc receive: wait(), test(), wait_for(duration).
-class inproc_recv_handle {
- public:
-  inproc_recv_handle() = default;
-  inproc_recv_handle(const inproc_recv_handle&) = delete;
-  inproc_recv_handle& operator=(const inproc_recv_handle&) = delete;
-  inproc_recv_handle(inproc_recv_handle&& o) noexcept { swap(o); }
-  inproc_recv_handle& operator=(inproc_recv_handle&& o) noexcept {
-    if (this != &o) {
-      cancel();
-      swap(o);
-    }
-    return *this;
-  }
-  ~inproc_recv_handle() { cancel(); }
-
-  /// Blocks until the message arrives; throws timeout_error after the
-  /// endpoint's receive timeout, transport_error if the peer is closed.
-  message wait() {
-    auto m = wait_impl(timeout_, /*throw_on_timeout=*/true);
-    return std::move(*m);
-  }
-
-  /// Waits at most `d`: the message, or std::nullopt if it has not arrived
-  /// (the receive stays posted). Throws transport_error if the peer is closed.
-  std::optional<message> wait_for(std::chrono::nanoseconds d) { return wait_impl(d, /*throw_on_timeout=*/false); }
-
-  /// True when wait() would not block (the message is there, or the receive failed).
-  bool test() {
-    check_usable();
-    auto& box = *shared_->boxes[static_cast<std::size_t>(self_)];
-    std::lock_guard<std::mutex> lock(box.mutex);
-    return state_->done || !shared_->failure(self_, state_->source).empty();
-  }
-
-  /// True until wait() (or a successful wait_for) has returned the message.
-  bool valid() const noexcept { return state_ != nullptr; }
-
- private:
-  friend class inproc_endpoint;
-  inproc_recv_handle(std::shared_ptr<detail::inproc_shared> shared, int self,
-                     std::shared_ptr<detail::inproc_recv_state> state, std::chrono::nanoseconds timeout)
-      : shared_(std::move(shared)), state_(std::move(state)), self_(self), timeout_(timeout) {}
-
-  void swap(inproc_recv_handle& o) noexcept {
-    std::swap(shared_, o.shared_);
-    std::swap(state_, o.state_);
-    std::swap(self_, o.self_);
-    std::swap(timeout_, o.timeout_);
-  }
-
-  void check_usable() const {
-    if (!state_) throw state_error("inproc: receive handle is empty (moved from, or its message was already taken)");
-  }
-
-  std::optional<message> wait_impl(std::chrono::nanoseconds d, bool throw_on_timeout) {
-    check_usable();
-    auto& box = *shared_->boxes[static_cast<std::size_t>(self_)];
-    std::unique_lock<std::mutex> lock(box.mutex);
-    std::string why;
-    auto ready = [&] {
-      if (state_->done) return true;
-      why = shared_->failure(self_, state_->source);
-      return !why.empty();
-    };
-    const auto now = std::chrono::steady_clock::now();
-    if (d >= std::chrono::steady_clock::time_point::max() - now) {
-      box.cv.wait(lock, ready);
-    } else if (!box.cv.wait_until(lock, now + d, ready)) {
-      if (!throw_on_timeout) return std::nullopt;
-      throw timeout_error("inproc: rank " + std::to_string(self_) + " timed out after " +
-                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) +
-                          " ms waiting for a message from " + detail::peer_name(state_->source) + " with tag " +
-                          std::to_string(state_->tag));
-    }
-    if (!state_->done) {
-      const int source = state_->source, tag = state_->tag;
-      box.posted.remove(state_);
-      lock.unlock();
-      state_.reset();
-      throw transport_error("inproc: rank " + std::to_string(self_) + " cannot receive from " +
-                            detail::peer_name(source) + " with tag " + std::to_string(tag) + ": " + why);
-    }
-    message m = std::move(state_->msg);
-    lock.unlock();
-    state_.reset();
-    auto& c = shared_->counters[static_cast<std::size_t>(self_)];
-    c.bytes_received.fetch_add(m.bytes.size(), std::memory_order_relaxed);
-    c.messages_received.fetch_add(1, std::memory_order_relaxed);
-    return m;
-  }
-
-  void cancel() noexcept {
-    if (!state_) return;
-    auto& box = *shared_->boxes[static_cast<std::size_t>(self_)];
-    std::lock_guard<std::mutex> lock(box.mutex);
-    if (!state_->done) box.posted.remove(state_);
-    state_.reset();
-  }
-
-  std::shared_ptr<detail::inproc_shared> shared_;
-  std::shared_ptr<detail::inproc_recv_state> state_;
-  int self_ = -1;
-  std::chrono::nanoseconds timeout_{0};
-};
+class inproc_zero_copy;
 
 /// Rank r's view of an inproc_fabric; satisfies gradcomp::Transport.
 /// Owned by the fabric (not copyable); one thread per endpoint is the intended use.
@@ -265,25 +90,30 @@ class inproc_endpoint {
       throw transport_error("inproc: rank " + std::to_string(rank_) + " is closed and cannot send (to rank " +
                             std::to_string(dest) + ", tag " + std::to_string(tag) + ")");
     const std::size_t n = bytes.size();
-    auto& box = *shared_->boxes[static_cast<std::size_t>(dest)];
+    auto& box = shared_->box(dest);
+    std::shared_ptr<detail::inproc_recv_state> claimed;
     {
       std::lock_guard<std::mutex> lock(box.mutex);
       if (shared_->is_closed(dest))
         throw transport_error("inproc: send from rank " + std::to_string(rank_) + " to rank " + std::to_string(dest) +
                               " with tag " + std::to_string(tag) + " failed: rank " + std::to_string(dest) +
                               " is closed");
-      auto it = std::find_if(box.posted.begin(), box.posted.end(), [&](const auto& s) {
-        return (s->source == any_source || s->source == rank_) && s->tag == tag;
-      });
-      if (it != box.posted.end()) {
+      auto it = std::find_if(box.posted.begin(), box.posted.end(),
+                             [&](const auto& s) { return detail::inproc_matches(*s, rank_, tag); });
+      if (it == box.posted.end()) {
+        box.queued.push_back({message{rank_, tag, std::move(bytes)}, nullptr});
+      } else if (!(*it)->receives_into) {
         (*it)->done = true;
         (*it)->msg = message{rank_, tag, std::move(bytes)};
         box.posted.erase(it);
         box.cv.notify_all();
       } else {
-        box.queued.push_back(message{rank_, tag, std::move(bytes)});
+        claimed = std::move(*it);  // an irecv_into: copy into its buffer below, outside the lock
+        claimed->copying = true;
+        box.posted.erase(it);
       }
     }
+    if (claimed) detail::inproc_fill(box, *claimed, dest, rank_, tag, bytes.data(), n);
     counters().bytes_sent.fetch_add(n, std::memory_order_relaxed);
     counters().messages_sent.fetch_add(1, std::memory_order_relaxed);
     return {};
@@ -298,22 +128,13 @@ class inproc_endpoint {
     auto state = std::make_shared<detail::inproc_recv_state>();
     state->source = source;
     state->tag = tag;
-    auto& box = *shared_->boxes[static_cast<std::size_t>(rank_)];
-    {
-      std::lock_guard<std::mutex> lock(box.mutex);
-      auto it = std::find_if(box.queued.begin(), box.queued.end(), [&](const message& m) {
-        return (source == any_source || m.source == source) && m.tag == tag;
-      });
-      if (it != box.queued.end()) {
-        state->done = true;
-        state->msg = std::move(*it);
-        box.queued.erase(it);
-      } else {
-        box.posted.push_back(state);
-      }
-    }
+    match_queued(state);
     return recv_handle(shared_, rank_, std::move(state), recv_timeout());
   }
+
+  /// The zero-copy face of this endpoint (a ZeroCopyTransport over the same
+  /// mailboxes): isend_view / irecv_into; see inproc_zero_copy.
+  inproc_zero_copy zero_copy() noexcept;
 
   /// Marks this rank closed (failed); see the file comment.
   void close() { shared_->close(rank_); }
@@ -339,6 +160,7 @@ class inproc_endpoint {
 
  private:
   friend class inproc_fabric;
+  friend class inproc_zero_copy;
   inproc_endpoint(std::shared_ptr<detail::inproc_shared> shared, int rank, std::chrono::nanoseconds timeout)
       : shared_(std::move(shared)), rank_(rank), timeout_ns_(timeout.count()) {}
 
@@ -349,6 +171,43 @@ class inproc_endpoint {
                                    ")");
   }
   detail::inproc_counters& counters() const noexcept { return shared_->counters[static_cast<std::size_t>(rank_)]; }
+
+  /// Matches a new receive `s` of this rank against the oldest matching
+  /// queued message, else posts it. A queued view, or moved bytes for an
+  /// irecv_into, are copied here, outside the lock (the view is marked
+  /// copying meanwhile, so its sender's handle waits before letting go).
+  void match_queued(const std::shared_ptr<detail::inproc_recv_state>& sp) {
+    auto& s = *sp;
+    auto& box = shared_->box(rank_);
+    detail::inproc_queued got;
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      auto it = std::find_if(box.queued.begin(), box.queued.end(), [&](const detail::inproc_queued& q) {
+        return (s.source == any_source || q.msg.source == s.source) && q.msg.tag == s.tag;
+      });
+      if (it == box.queued.end()) {
+        box.posted.push_back(sp);
+        return;
+      }
+      if (!it->view && !s.receives_into) {
+        s.done = true;
+        s.msg = std::move(it->msg);
+        box.queued.erase(it);
+        return;
+      }
+      got = std::move(*it);
+      box.queued.erase(it);
+      if (got.view) got.view->at = detail::inproc_view_state::stage::copying;
+      s.copying = true;
+    }
+    const std::byte* p = got.view ? got.view->data : got.msg.bytes.data();
+    detail::inproc_fill(box, s, rank_, got.msg.source, got.msg.tag, p, got.size());
+    if (got.view) {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      got.view->at = detail::inproc_view_state::stage::done;
+      box.cv.notify_all();
+    }
+  }
   void check_tag(int tag, const char* op) const {
     if (tag < 0)
       throw invalid_argument_error("inproc: " + std::string(op) + " on rank " + std::to_string(rank_) + ": tag " +
@@ -361,6 +220,109 @@ class inproc_endpoint {
 };
 
 static_assert(Transport<inproc_endpoint>);
+
+/// The zero-copy face of an inproc_endpoint (`endpoint.zero_copy()`): a
+/// ZeroCopyTransport over the same ranks, mailboxes, counters and matching
+/// order, so its messages and the endpoint's mix freely. isend_view queues a
+/// view of the caller's memory; whichever call completes the match copies
+/// the bytes once, straight from the sender's memory into the receiver's
+/// (the sender's isend_view when the receive was already posted, the
+/// receiver's irecv / irecv_into otherwise). The caller keeps a view's memory
+/// alive and unchanged, and an irecv_into buffer untouched, until the
+/// handle's wait() returns (or the handle is destroyed: that withdraws a
+/// view not yet received, and cancels a receive). A plain irecv may match a
+/// view (it gets a copy), and irecv_into a moved vector (copied into the
+/// buffer). A copy (not a reference) of the face is cheap: it holds the
+/// endpoint's address, and is valid as long as the fabric.
+class inproc_zero_copy {
+ public:
+  using send_handle = inproc_send_handle;
+  using recv_handle = inproc_recv_handle;
+  using view_send_handle = inproc_view_send_handle;
+  using recv_into_handle = inproc_recv_into_handle;
+
+  explicit inproc_zero_copy(inproc_endpoint& ep) noexcept : ep_(&ep) {}
+
+  int rank() const noexcept { return ep_->rank(); }
+  int size() const noexcept { return ep_->size(); }
+  /// The endpoint this face belongs to.
+  inproc_endpoint& endpoint() const noexcept { return *ep_; }
+
+  /// inproc_endpoint::isend.
+  send_handle isend(int dest, int tag, std::vector<std::byte>&& bytes) { return ep_->isend(dest, tag, std::move(bytes)); }
+  /// inproc_endpoint::irecv.
+  recv_handle irecv(int source, int tag) { return ep_->irecv(source, tag); }
+
+  /// Sends `bytes` (the caller's memory, not copied here unless a receive is
+  /// already posted) to `dest`. Throws invalid_argument_error for a bad dest
+  /// or tag, transport_error if this rank or dest is closed; the handle's
+  /// wait() fails if dest closes before it received the bytes, or after the
+  /// endpoint's receive timeout.
+  view_send_handle isend_view(int dest, int tag, std::span<const std::byte> bytes) {
+    auto& ep = *ep_;
+    ep.check_rank(dest, "isend_view", "destination");
+    ep.check_tag(tag, "isend_view");
+    const int self = ep.rank_;
+    if (ep.shared_->is_closed(self))
+      throw transport_error("inproc: rank " + std::to_string(self) + " is closed and cannot send (to rank " +
+                            std::to_string(dest) + ", tag " + std::to_string(tag) + ")");
+    auto view = std::make_shared<detail::inproc_view_state>();
+    view->data = bytes.data();
+    view->size = bytes.size();
+    auto& box = ep.shared_->box(dest);
+    std::shared_ptr<detail::inproc_recv_state> claimed;
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      if (ep.shared_->is_closed(dest))
+        throw transport_error("inproc: send from rank " + std::to_string(self) + " to rank " + std::to_string(dest) +
+                              " with tag " + std::to_string(tag) + " failed: rank " + std::to_string(dest) +
+                              " is closed");
+      auto it = std::find_if(box.posted.begin(), box.posted.end(),
+                             [&](const auto& s) { return detail::inproc_matches(*s, self, tag); });
+      if (it == box.posted.end()) {
+        box.queued.push_back({message{self, tag, {}}, view});
+      } else {
+        claimed = std::move(*it);
+        claimed->copying = true;
+        box.posted.erase(it);
+      }
+    }
+    ep.counters().bytes_sent.fetch_add(bytes.size(), std::memory_order_relaxed);
+    ep.counters().messages_sent.fetch_add(1, std::memory_order_relaxed);
+    if (claimed) {  // the receive was waiting: copy now, the send is complete
+      detail::inproc_fill(box, *claimed, dest, self, tag, bytes.data(), bytes.size());
+      view.reset();
+    }
+    return view_send_handle(ep.shared_, std::move(view), self, dest, tag, ep.recv_timeout());
+  }
+
+  /// Posts a receive from `source` (or any_source) with `tag` into `buffer`
+  /// (the caller's memory). Throws invalid_argument_error for a bad source or
+  /// tag; the handle's wait() returns the bytes received, or throws as
+  /// inproc_recv_handle::wait() does, and transport_error for a message
+  /// longer than the buffer.
+  recv_into_handle irecv_into(int source, int tag, std::span<std::byte> buffer) {
+    auto& ep = *ep_;
+    if (source != any_source) ep.check_rank(source, "irecv_into", "source");
+    ep.check_tag(tag, "irecv_into");
+    auto state = std::make_shared<detail::inproc_recv_state>();
+    state->source = source;
+    state->tag = tag;
+    state->receives_into = true;
+    state->into = buffer.data();
+    state->capacity = buffer.size();
+    ep.match_queued(state);
+    return recv_into_handle(ep.shared_, ep.rank_, std::move(state), ep.recv_timeout());
+  }
+
+ private:
+  inproc_endpoint* ep_;
+};
+
+inline inproc_zero_copy inproc_endpoint::zero_copy() noexcept { return inproc_zero_copy(*this); }
+
+static_assert(ZeroCopyTransport<inproc_zero_copy>);
+static_assert(!ZeroCopyTransport<inproc_endpoint>);  // its own isend/irecv move whole vectors
 
 /// N in-process ranks. endpoint(r) is rank r's Transport; run(fn) runs fn on
 /// every endpoint, one thread each.
