@@ -71,6 +71,23 @@ TEST_CASE("seq GradiVeQ kernels: every path gives the reference order's bits (od
       }
 }
 
+TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unaligned ones give the same bits") {
+  const std::size_t k = 256, d = 32, slices = 301;  // 77,056 outputs: past stream_min_elements
+  REQUIRE(slices * k >= kern::stream_min_elements);
+  const vec y = values(slices * d, 31), u = values(k * d, 32, 0.1f), mu = values(k, 33);
+  vec want(slices * k);
+  kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 2.0f, false, want.data());
+  for (std::size_t shift : {0u, 1u, 3u, 4u}) {  // 16-byte aligned or not
+    CAPTURE(shift);
+    vec buf(slices * k + 8, 7.0f);
+    const std::span<float> out(buf.data() + shift, slices * k);
+    ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 2.0f, false, out.data());
+    CHECK(bit_equal(out, want));
+    for (std::size_t i = 0; i < shift; ++i) CHECK(buf[i] == 7.0f);  // nothing written outside
+    for (std::size_t i = shift + slices * k; i < buf.size(); ++i) CHECK(buf[i] == 7.0f);
+  }
+}
+
 TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
   // eq. 3: 8 lanes over i mod 8, each fused in index order, summed
   // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), minus the offset.

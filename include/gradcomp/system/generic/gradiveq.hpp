@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #if (defined(__AVX2__) && defined(__FMA__)) && !defined(GRADCOMP_GRADIVEQ_NO_INTRINSICS)
 #include <immintrin.h>
@@ -132,6 +133,10 @@ inline constexpr int compress_block_rows = 2;
 inline constexpr int expand_block_rows = 2;
 #endif
 
+/// Outputs of eq. 5 from this many floats on (256 KiB) are written with
+/// non-temporal stores.
+inline constexpr std::size_t stream_min_elements = std::size_t(1) << 16;
+
 /// The lane sums of four accumulators, in lanes_sum's order: hadd pairs
 /// (a0+a1, a2+a3 | a4+a5, a6+a7), then pairs of pairs, then the two halves.
 inline __m128 lanes_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) noexcept {
@@ -172,8 +177,9 @@ inline void compress_block(const float* x, std::size_t s, std::size_t k, const f
                   _mm_sub_ps(lanes_sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), off));
 }
 
-/// Eq. 5 for slices [s, s + R) and columns [c, c + 8 CB).
-template <int R, int CB>
+/// Eq. 5 for slices [s, s + R) and columns [c, c + 8 CB); Stream: write
+/// `out` with non-temporal stores (not `add`, 16-byte aligned rows).
+template <int R, int CB, bool Stream>
 inline void expand_block(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k, std::size_t c,
                          const float* mu, float scale, bool add, float* out) noexcept {
   __m256 acc[R][CB];
@@ -203,18 +209,24 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const flo
     for (int r = 0; r < R; ++r) {
       float* o = out + (s + std::size_t(r)) * k + c + 8 * std::size_t(b);
       const __m256 t = add ? _mm256_add_ps(_mm256_loadu_ps(o), acc[r][b]) : acc[r][b];
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(sc, m, t));
+      if constexpr (Stream) {  // past the caches (16-byte aligned; see expand_rows)
+        const __m256 v = _mm256_fmadd_ps(sc, m, t);
+        _mm_stream_ps(o, _mm256_castps256_ps128(v));
+        _mm_stream_ps(o + 4, _mm256_extractf128_ps(v, 1));
+      } else {
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(sc, m, t));
+      }
     }
   }
 }
 
 /// Eq. 5 for slices [s, s + R), every column.
-template <int R>
+template <int R, bool Stream>
 inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k,
                               const float* mu, float scale, bool add, float* out) noexcept {
   std::size_t c = 0;
-  for (; c + 32 <= k; c += 32) expand_block<R, 4>(y, s, d, u, k, c, mu, scale, add, out);
-  for (; c + 8 <= k; c += 8) expand_block<R, 1>(y, s, d, u, k, c, mu, scale, add, out);
+  for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, u, k, c, mu, scale, add, out);
+  for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, u, k, c, mu, scale, add, out);
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
 }
 #endif
@@ -248,8 +260,19 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
   if (d > 0) {
     constexpr auto R = static_cast<std::size_t>(expand_block_rows);
     const std::size_t blocked = s1 - (s1 - s0) % R;  // slices [s0, blocked) in blocks of R
-    for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows>(y, s, d, u, k, mu, scale, add, out);
-    for (std::size_t s = blocked; s < s1; ++s) expand_rows_block<1>(y, s, d, u, k, mu, scale, add, out);
+    // A large output (a ring segment or chunk) goes past the caches: it is
+    // read back later, if at all, after other work has replaced it there, and
+    // the stores then neither read the lines first nor evict the basis.
+    const bool stream = !add && k % 4 == 0 && (s1 - s0) * k >= stream_min_elements &&
+                        reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+    if (stream) {
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out);
+      for (std::size_t s = blocked; s < s1; ++s) expand_rows_block<1, true>(y, s, d, u, k, mu, scale, add, out);
+      _mm_sfence();  // the stores are visible before anything this thread does next
+    } else {
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out);
+      for (std::size_t s = blocked; s < s1; ++s) expand_rows_block<1, false>(y, s, d, u, k, mu, scale, add, out);
+    }
     return;
   }
 #endif
@@ -257,6 +280,10 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
 }
 
 }  // namespace gradiveq_kernel
+
+#undef GRADCOMP_GRADIVEQ_UNROLL
+#undef GRADCOMP_GRADIVEQ_IN_REGISTERS
+#undef GRADCOMP_GRADIVEQ_IN_REGISTER
 
 /// Eq. 3 for S slices at once: Y = X U - 1 offset^T, where offset = U^T mu / N
 /// is precomputed by the caller (writing it as X*U - (mu U)/N avoids the
