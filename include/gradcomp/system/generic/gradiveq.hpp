@@ -57,6 +57,14 @@ inline float madd(float a, float b, float acc) noexcept {
 #endif
 }
 
+/// How far ahead of the block it works on eq. 3 prefetches its input
+/// (32 KiB; AVX2 builds).
+inline constexpr std::size_t compress_prefetch_floats = std::size_t(1) << 13;
+
+/// Outputs of eq. 5 from this many floats on (256 KiB) are written with
+/// non-temporal stores (AVX2 builds).
+inline constexpr std::size_t stream_min_elements = std::size_t(1) << 16;
+
 /// Lanes of eq. 3's dot products.
 inline constexpr std::size_t lanes = 8;
 
@@ -66,6 +74,7 @@ inline float lanes_sum(const float* a) noexcept {
 }
 
 /// Eq. 3, the reference order, for columns [j0, d) of slices [s0, s1).
+/// Portable code the compiler vectorises over the 8 lanes.
 inline void compress_rows_scalar(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
                                  std::size_t j0, std::size_t d, const float* offset, float* y) noexcept {
   constexpr std::size_t L = lanes;
@@ -85,20 +94,34 @@ inline void compress_rows_scalar(const float* x, std::size_t s0, std::size_t s1,
 }
 
 /// Eq. 5, the reference order, for columns [c0, c1) of slices [s0, s1).
+/// Portable code the compiler vectorises over the columns (blocks of 256).
 inline void expand_rows_scalar(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
                                std::size_t k, std::size_t c0, std::size_t c1, const float* mu, float scale, bool add,
                                float* out) noexcept {
+  constexpr std::size_t C = 256;
+  float t[C];
   for (std::size_t s = s0; s < s1; ++s) {
     const float* yr = y + s * d;
-    float* o = out + s * k;
-    for (std::size_t c = c0; c < c1; ++c) {
+    float* orow = out + s * k;
+    for (std::size_t cb = c0; cb < c1; cb += C) {
+      const std::size_t m = c1 - cb < C ? c1 - cb : C;
+      float* o = orow + cb;
+      const float* mc = mu + cb;
       if (d == 0) {
-        o[c] = madd(scale, mu[c], add ? o[c] : 0.0f);
+        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], add ? o[c] : 0.0f);
         continue;
       }
-      float t = 0.0f;
-      for (std::size_t j = 0; j < d; ++j) t = madd(yr[j], u[j * k + c], t);
-      o[c] = madd(scale, mu[c], add ? o[c] + t : t);
+      for (std::size_t c = 0; c < m; ++c) t[c] = 0.0f;
+      for (std::size_t j = 0; j < d; ++j) {
+        const float yj = yr[j];
+        const float* uc = u + j * k + cb;
+        for (std::size_t c = 0; c < m; ++c) t[c] = madd(yj, uc[c], t[c]);
+      }
+      if (add) {
+        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], o[c] + t[c]);
+      } else {
+        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], t[c]);
+      }
     }
   }
 }
@@ -132,13 +155,6 @@ inline constexpr int expand_block_rows = 4;
 inline constexpr int compress_block_rows = 2;
 inline constexpr int expand_block_rows = 2;
 #endif
-
-/// How far ahead of the block it works on eq. 3 prefetches its input (32 KiB).
-inline constexpr std::size_t compress_prefetch_floats = std::size_t(1) << 13;
-
-/// Outputs of eq. 5 from this many floats on (256 KiB) are written with
-/// non-temporal stores.
-inline constexpr std::size_t stream_min_elements = std::size_t(1) << 16;
 
 /// The lane sums of four accumulators, in lanes_sum's order: hadd pairs
 /// (a0+a1, a2+a3 | a4+a5, a6+a7), then pairs of pairs, then the two halves.
