@@ -107,27 +107,15 @@ struct ring_segmentation {
     }
   }
   /// ring_options::chunk_elements = 0 (automatic) for a largest segment of
-  /// `largest` elements: ring_auto_chunk_elements(largest) for a codec
-  /// whose encode works element by element or block by block (fp16, bf16,
-  /// dense, the homomorphic quantizer); whole segments for a codec whose
-  /// encode is one batched matrix product per call (slice_size(): GradiVeQ,
-  /// an Eigen GEMM per call). Measured on bench_gradiveq_ring (4 workers,
-  /// 2 cores): with Eigen single-threaded, 16 chunks per segment took the
-  /// GradiVeQ ring from 7.4x to 5.2x its 1 Gbit/s wire floor; with Eigen's
-  /// OpenMP threads (any build that links OpenMP, gradcomp::thrust does)
-  /// the 16x more GEMM calls, each synchronising its threads while four
-  /// ranks share two cores, took 8x the CPU. Ask for chunks explicitly
-  /// (chunk_elements > 0) where Eigen runs single-threaded.
+  /// `largest` elements: ring_auto_chunk_elements(largest) for every codec
+  /// (GradiVeQ included: its seq kernels run on the calling thread in one
+  /// fixed order per slice, so chunks cost no more CPU than whole segments
+  /// and give the same bits). Until issue 21 GradiVeQ kept whole segments:
+  /// its Eigen GEMMs started an OpenMP team per call in builds that link
+  /// OpenMP, and 16x more calls took 8x the CPU with four ranks on two cores.
   static std::size_t auto_chunk_elements(const C& codec, std::size_t largest) {
-    if constexpr (requires {
-                    { codec.slice_size() } -> std::convertible_to<std::size_t>;
-                  }) {
-      (void)largest;
-      return ring_whole_segments;
-    } else {
-      (void)codec;
-      return ring_auto_chunk_elements(largest);
-    }
+    (void)codec;
+    return ring_auto_chunk_elements(largest);
   }
   /// Throws size_mismatch_error when a received payload says it belongs to another segment.
   static void check(const typename C::payload_type& p, std::size_t offset, const std::string& where) {
@@ -371,8 +359,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// chunk as soon as it is encoded, and each completed chunk of the owned
 /// segment starts its all-gather at once. The sums are element by element,
 /// so the result does not depend on the chunks (fp16, bf16, dense_codec,
-/// the homomorphic quantizer: the same bits; GradiVeQ: within its GEMM's
-/// rounding). Each rank sends 2(N-1) segments, one message per chunk.
+/// the homomorphic quantizer, GradiVeQ on the host: the same bits). Each rank sends 2(N-1) segments, one message per chunk.
 /// N = 1: data = decode(encode(data)). `codec` may be const when its encode
 /// (or encode_segment) is const, as GradiVeQ's is.
 ///

@@ -40,8 +40,8 @@ struct ring_options {
   /// c+1, the work on chunk c and the send of chunk c-1 overlap. The sums
   /// are element by element, so the result is the same as with whole
   /// segments. 0 (the default): automatic, ring_segmentation's
-  /// auto_chunk_elements (ring_auto_chunk_elements of the largest segment
-  /// for most codecs, whole segments for GradiVeQ); ring_whole_segments:
+  /// auto_chunk_elements (ring_auto_chunk_elements of the largest segment,
+  /// for every codec); ring_whole_segments:
   /// one message per segment.
   std::size_t chunk_elements = 0;
 };

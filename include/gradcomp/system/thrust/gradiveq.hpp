@@ -5,14 +5,13 @@
 /// 1 (scale mu)^T over the S slices of a segment, storage as in
 /// system/generic/gradiveq.hpp.
 ///
-/// Host systems (cpp, omp, tbb): `thrust::for_each` over blocks of slices;
-/// each output element is a dot product in one fixed order (8 float lanes,
-/// each accumulated in index order with a fused multiply-add when the target
-/// has one, then summed pairwise). So the coefficients do not depend on the
-/// thread count or the Thrust system (thrust_cpp == thrust_omp bit for bit),
-/// which seq's Eigen GEMM does not promise (its blocking depends on Eigen's
-/// thread count). They differ from seq's by float rounding only (a different
-/// summation order): tests/unit/test_thrust_backend.cpp bounds the difference.
+/// Host systems (cpp, omp, tbb): `thrust::for_each` over blocks of slices,
+/// each running the generic row kernels (system/generic/gradiveq.hpp: one
+/// fixed order per output element, 8 float lanes each accumulated in index
+/// order with a fused multiply-add when the target has one, then summed
+/// pairwise). So the results do not depend on the thread count or the Thrust
+/// system, and equal seq's bit for bit (tests/unit/test_thrust_backend.cpp,
+/// tests/unit/test_gradiveq_kernels.cpp).
 ///
 /// CUDA (thrust_cuda, nvcc): the products are cublasSgemm calls
 /// (system/cuda/cublas.hpp) on device copies of the operands, the offset and
@@ -38,20 +37,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 
 namespace thrust_detail {
 
-/// acc + a*b in one fixed way: fused where the target has an FMA, else a
-/// product then a sum (where nothing can fuse them).
-inline float gradiveq_madd(float a, float b, float acc) noexcept {
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-  return std::fma(a, b, acc);
-#else
-  const float p = a * b;
-  return acc + p;
-#endif
-}
-
-inline constexpr std::size_t gradiveq_lanes = 8;
-
-/// Eq. 3 for slices [item * rows, ...): y[s][j] = <x_s, u_j> - offset[j].
+/// Eq. 3 for slices [item * rows, ...): the generic row kernel (its order).
 struct gradiveq_compress_rows {
   const float* x;
   const float* u;
@@ -59,59 +45,12 @@ struct gradiveq_compress_rows {
   float* y;
   std::size_t slices, k, d, rows;
 
-  static float lanes_sum(const float* a) noexcept {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  }
-
   void operator()(std::size_t item) const {
-    constexpr std::size_t L = gradiveq_lanes;
-    const std::size_t end = min_size(slices, (item + 1) * rows);
-    for (std::size_t s = item * rows; s < end; ++s) {
-      const float* xr = x + s * k;
-      float* yr = y + s * d;
-      std::size_t j = 0;
-      for (; j + 4 <= d; j += 4) {  // four columns per sweep of the slice: same per-column order
-        const float* u0 = u + j * k;
-        const float* u1 = u0 + k;
-        const float* u2 = u1 + k;
-        const float* u3 = u2 + k;
-        float a0[L] = {}, a1[L] = {}, a2[L] = {}, a3[L] = {};
-        std::size_t i = 0;
-        for (; i + L <= k; i += L)
-          for (std::size_t l = 0; l < L; ++l) {
-            const float xv = xr[i + l];
-            a0[l] = gradiveq_madd(xv, u0[i + l], a0[l]);
-            a1[l] = gradiveq_madd(xv, u1[i + l], a1[l]);
-            a2[l] = gradiveq_madd(xv, u2[i + l], a2[l]);
-            a3[l] = gradiveq_madd(xv, u3[i + l], a3[l]);
-          }
-        for (std::size_t l = 0; i + l < k; ++l) {
-          const float xv = xr[i + l];
-          a0[l] = gradiveq_madd(xv, u0[i + l], a0[l]);
-          a1[l] = gradiveq_madd(xv, u1[i + l], a1[l]);
-          a2[l] = gradiveq_madd(xv, u2[i + l], a2[l]);
-          a3[l] = gradiveq_madd(xv, u3[i + l], a3[l]);
-        }
-        yr[j] = lanes_sum(a0) - offset[j];
-        yr[j + 1] = lanes_sum(a1) - offset[j + 1];
-        yr[j + 2] = lanes_sum(a2) - offset[j + 2];
-        yr[j + 3] = lanes_sum(a3) - offset[j + 3];
-      }
-      for (; j < d; ++j) {
-        const float* uj = u + j * k;
-        float a[L] = {};
-        std::size_t i = 0;
-        for (; i + L <= k; i += L)
-          for (std::size_t l = 0; l < L; ++l) a[l] = gradiveq_madd(xr[i + l], uj[i + l], a[l]);
-        for (std::size_t l = 0; i + l < k; ++l) a[l] = gradiveq_madd(xr[i + l], uj[i + l], a[l]);
-        yr[j] = lanes_sum(a) - offset[j];
-      }
-    }
+    gradiveq_kernel::compress_rows(x, item * rows, min_size(slices, (item + 1) * rows), k, u, d, offset, y);
   }
 };
 
-/// Eq. 5 for slices [item * rows, ...): out[s][c] (=, or += with add)
-/// sum_j y[s][j] u_j[c] (j in order) + scale mu[c].
+/// Eq. 5 for slices [item * rows, ...): the generic row kernel (its order).
 struct gradiveq_expand_rows {
   const float* y;
   const float* u;
@@ -122,31 +61,7 @@ struct gradiveq_expand_rows {
   bool add;
 
   void operator()(std::size_t item) const {
-    constexpr std::size_t C = 256;
-    float t[C];
-    const std::size_t end = min_size(slices, (item + 1) * rows);
-    for (std::size_t s = item * rows; s < end; ++s) {
-      const float* yr = y + s * d;
-      float* orow = out + s * k;
-      for (std::size_t c0 = 0; c0 < k; c0 += C) {
-        const std::size_t m = min_size(C, k - c0);
-        for (std::size_t c = 0; c < m; ++c) t[c] = 0.0f;
-        for (std::size_t j = 0; j < d; ++j) {
-          const float yj = yr[j];
-          const float* uc = u + j * k + c0;
-          for (std::size_t c = 0; c < m; ++c) t[c] = gradiveq_madd(yj, uc[c], t[c]);
-        }
-        float* o = orow + c0;
-        const float* mc = mu + c0;
-        if (d == 0) {
-          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], add ? o[c] : 0.0f);
-        } else if (add) {
-          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], o[c] + t[c]);
-        } else {
-          for (std::size_t c = 0; c < m; ++c) o[c] = gradiveq_madd(scale, mc[c], t[c]);
-        }
-      }
-    }
+    gradiveq_kernel::expand_rows(y, item * rows, min_size(slices, (item + 1) * rows), d, u, k, mu, scale, add, out);
   }
 };
 

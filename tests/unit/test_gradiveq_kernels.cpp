@@ -1,0 +1,208 @@
+// GradiVeQ's seq kernels (system/generic/gradiveq.hpp, eqs. 3 and 5): one
+// fixed summation order per element, whatever the instruction set, the
+// row blocking, the thread that calls them or the thread count of a Thrust
+// system; and what that buys the ring (Algorithm 1): chunked and
+// whole-segment rings give the same bits, so GradiVeQ's segments are cut
+// into chunks by default.
+#include <doctest/doctest.h>
+
+#include <gradcomp/gradiveq.hpp>
+#include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/system/gradiveq.hpp>
+#include <gradcomp/transport/inproc.hpp>
+
+#include <support/equality.hpp>
+#include <support/ring_fixtures.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+#if defined(GRADCOMP_HAS_THRUST) && defined(_OPENMP)
+#include <omp.h>
+#endif
+
+using namespace std::chrono_literals;
+using namespace gradcomp::test_support;
+namespace ex = gradcomp::execution;
+namespace kern = gradcomp::execution::gradiveq_kernel;
+using vec = std::vector<float>;
+
+namespace {
+
+// Normal values with some exact zeros of either sign (the sign of a zero
+// sum is part of the bits).
+vec values(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  vec v = counter_gaussian(n, seed, scale);
+  for (std::size_t i = 0; i < n; i += 13) v[i] = (i / 13) % 2 ? 0.0f : -0.0f;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("seq GradiVeQ kernels: every path gives the reference order's bits (odd K, d, slice counts)") {
+  for (std::size_t k : {1u, 7u, 8u, 16u, 33u, 64u, 256u, 264u})
+    for (std::size_t d : {0u, 1u, 3u, 4u, 5u, 8u, 32u})
+      for (std::size_t slices : {1u, 3u, 5u, 37u}) {
+        CAPTURE(k);
+        CAPTURE(d);
+        CAPTURE(slices);
+        const vec x = values(slices * k, 1), u = values(k * d, 2, 0.1f), off = values(d, 3), mu = values(k, 4);
+        vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
+        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data());
+        if (d > 0) kern::compress_rows_scalar(x.data(), 0, slices, k, u.data(), 0, d, off.data(), ref.data());
+        CHECK(bit_equal(y, ref));
+        // Any cut of the slices (a ring chunk) gives the same bits.
+        vec pieces(slices * d, 9.0f);
+        for (std::size_t s = 0; s < slices; s += 2)
+          kern::compress_rows(x.data(), s, std::min(slices, s + 2), k, u.data(), d, off.data(), pieces.data());
+        CHECK(bit_equal(pieces, y));
+        for (bool add : {false, true}) {
+          CAPTURE(add);
+          vec out = values(slices * k, 5), want = out;
+          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.75f, add, out.data());
+          kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 0.75f, add, want.data());
+          CHECK(bit_equal(out, want));
+        }
+      }
+}
+
+TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unaligned ones give the same bits") {
+  const std::size_t k = 256, d = 32, slices = 301;  // 77,056 outputs: past stream_min_elements
+  REQUIRE(slices * k >= kern::stream_min_elements);
+  const vec y = values(slices * d, 31), u = values(k * d, 32, 0.1f), mu = values(k, 33);
+  vec want(slices * k);
+  kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 2.0f, false, want.data());
+  for (std::size_t shift : {0u, 1u, 3u, 4u}) {  // 16-byte aligned or not
+    CAPTURE(shift);
+    vec buf(slices * k + 8, 7.0f);
+    const std::span<float> out(buf.data() + shift, slices * k);
+    ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 2.0f, false, out.data());
+    CHECK(bit_equal(out, want));
+    for (std::size_t i = 0; i < shift; ++i) CHECK(buf[i] == 7.0f);  // nothing written outside
+    for (std::size_t i = shift + slices * k; i < buf.size(); ++i) CHECK(buf[i] == 7.0f);
+  }
+}
+
+TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
+  // eq. 3: 8 lanes over i mod 8, each fused in index order, summed
+  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), minus the offset.
+  const std::size_t k = 21, d = 2, slices = 2;
+  const vec x = values(slices * k, 11), u = values(k * d, 12), off = values(d, 13), mu = values(k, 14);
+  vec y(slices * d);
+  ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data());
+  for (std::size_t s = 0; s < slices; ++s)
+    for (std::size_t j = 0; j < d; ++j) {
+      float lane[8] = {};
+      for (std::size_t i = 0; i < k; ++i) lane[i % 8] = kern::madd(x[s * k + i], u[j * k + i], lane[i % 8]);
+      const float want = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) - off[j];
+      CHECK(bit_equal(std::span<const float>(&y[s * d + j], 1), std::span<const float>(&want, 1)));
+    }
+  // eq. 5: sum over j in order from 0, then + scale mu (fused).
+  vec out(slices * k);
+  ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, false, out.data());
+  for (std::size_t s = 0; s < slices; ++s)
+    for (std::size_t c = 0; c < k; ++c) {
+      float t = 0.0f;
+      for (std::size_t j = 0; j < d; ++j) t = kern::madd(y[s * d + j], u[j * k + c], t);
+      const float want = kern::madd(0.5f, mu[c], t);
+      CHECK(bit_equal(std::span<const float>(&out[s * k + c], 1), std::span<const float>(&want, 1)));
+    }
+}
+
+TEST_CASE("GradiVeQ codec: the same bits on any thread, concurrently (seq runs on the calling thread)") {
+  const low_rank_layer layer(64, 4, 64 * 300 + 7, 5);
+  const auto codec = fitted_codec(layer, 4);
+  const vec g = layer.sample(77);
+  gradcomp::gradiveq_payload p;
+  codec.encode(g, p);
+  vec want(g.size());
+  codec.decode(p, want);
+  std::vector<gradcomp::gradiveq_payload> ps(4);
+  std::vector<vec> got(4, vec(g.size()));
+  std::vector<std::thread> workers;
+  for (std::size_t w = 0; w < 4; ++w)
+    workers.emplace_back([&, w] {
+      for (int rep = 0; rep < 3; ++rep) {
+        codec.encode(g, ps[w]);
+        codec.decode(ps[w], got[w]);
+      }
+    });
+  for (auto& t : workers) t.join();
+  for (std::size_t w = 0; w < 4; ++w) {
+    CHECK(gradcomp::wire::serialize(ps[w]) == gradcomp::wire::serialize(p));
+    CHECK(bit_equal(got[w], want));
+  }
+}
+
+#if defined(GRADCOMP_HAS_THRUST)
+TEST_CASE("GradiVeQ kernels: seq and the Thrust host systems give the same bits, any OpenMP thread count") {
+  for (std::size_t k : {7u, 256u})
+    for (std::size_t d : {3u, 32u}) {
+      CAPTURE(k);
+      CAPTURE(d);
+      const std::size_t slices = 2000;  // above the host systems' serial cut-off
+      const vec x = values(slices * k, 21), u = values(k * d, 22, 0.1f), off = values(d, 23), mu = values(k, 24);
+      vec ys(slices * d), yc(slices * d);
+      ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ys.data());
+      ex::gradiveq_compress_slices(ex::thrust_cpp{}, x.data(), slices, k, u.data(), d, off.data(), yc.data());
+      CHECK(bit_equal(ys, yc));
+      vec os(slices * k), oc(slices * k);
+      ex::gradiveq_expand_slices(ex::seq{}, ys.data(), slices, d, u.data(), k, mu.data(), 1.0f, false, os.data());
+      ex::gradiveq_expand_slices(ex::thrust_cpp{}, ys.data(), slices, d, u.data(), k, mu.data(), 1.0f, false, oc.data());
+      CHECK(bit_equal(os, oc));
+#if defined(_OPENMP)
+      const int before = omp_get_max_threads();
+      for (int threads : {1, 2, 3}) {
+        CAPTURE(threads);
+        omp_set_num_threads(threads);
+        vec yo(slices * d), oo(slices * k);
+        ex::gradiveq_compress_slices(ex::thrust_omp{}, x.data(), slices, k, u.data(), d, off.data(), yo.data());
+        ex::gradiveq_expand_slices(ex::thrust_omp{}, ys.data(), slices, d, u.data(), k, mu.data(), 1.0f, false,
+                                   oo.data());
+        CHECK(bit_equal(ys, yo));
+        CHECK(bit_equal(os, oo));
+      }
+      omp_set_num_threads(before);
+#endif
+    }
+}
+#endif
+
+TEST_CASE("GradiVeQ ring: chunked and whole-segment rings give the same bits; segments are chunked by default") {
+  using gradcomp::transport::inproc_endpoint;
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    // Segments above 131,072 elements: the automatic chunk size cuts them.
+    const low_rank_layer layer(32, 3, 32 * std::size_t(4400 * n) + 9, 43);
+    const auto codec = fitted_codec(layer, std::size_t(n), 6);
+    const auto x = rank_samples(layer, n, 9);
+    auto run = [&](std::size_t chunk) {
+      std::vector<vec> out = x;
+      std::vector<gradcomp::ring_stats> st(static_cast<std::size_t>(n));
+      gradcomp::ring_options o;
+      o.chunk_elements = chunk;
+      gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+        const auto r = static_cast<std::size_t>(ep.rank());
+        st[r] = gradcomp::ring_allreduce_linear(ep, codec, std::span<float>(out[r]), o);
+      }, {.recv_timeout = 60s});
+      return std::pair(out, st);
+    };
+    const auto [whole, ws] = run(gradcomp::ring_whole_segments);
+    const auto [automatic, as] = run(0);
+    const auto [small, ss] = run(32 * 7);
+    for (int r = 0; r < n; ++r) {
+      CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
+      CHECK(bit_equal(automatic[std::size_t(r)], whole[0]));
+      CHECK(bit_equal(small[std::size_t(r)], whole[0]));
+    }
+    CHECK(ws[0].messages_sent == std::size_t(2 * (n - 1)));
+    CHECK(as[0].messages_sent > ws[0].messages_sent);  // the default cuts GradiVeQ's segments
+    CHECK(ss[0].messages_sent > as[0].messages_sent);
+    CHECK(rel_error(whole[0], exact_sum(x)) < 1e-2);
+  }
+}
