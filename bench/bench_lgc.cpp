@@ -9,7 +9,8 @@
 // 1024; mu = 23.5k values per iteration, 23 windows).
 //
 // 1. Encoder and decoder time per iteration (mu values, one node), best
-//    thread-CPU time of interleaved rounds (Eigen runs single-threaded, and
+//    thread-CPU time of interleaved rounds (Eigen runs single-threaded, set in
+//    main even when OpenMP is linked, and
 //    CPU time is not inflated by preemption on the shared 2-core VM), against
 //    the time to send the uncompressed top-k vector (a dense float32 payload
 //    of the mu values, header included) at 1 Gbit/s, computed from its bytes.
@@ -91,6 +92,16 @@ struct phase_bytes {
 }  // namespace
 
 int main() {
+  // Eigen single-threaded for the whole run, encoder and baseline alike.
+  // Linking gradcomp::thrust adds -fopenmp, and Eigen's GEMM then splits
+  // every product over omp_get_max_threads() = 2 threads; the timings below
+  // are the calling thread's CPU time, which then sees half of each GEMM
+  // plus however long it spins at the barrier for the other thread (it
+  // depends on whether the second core is free: on the shared VM the same
+  // GEMMs measured 2-3x their single-thread CPU time). One thread makes the
+  // CPU time the whole cost, and the same for both sides of
+  // lgc_encoder_vs_gemm.
+  Eigen::setNbThreads(1);
   const std::vector<std::size_t> layers = resnet50_layers();
   const int nodes = 4;
   lgc_options o;  // alpha 0.1%, window 1024, Tables I-II, SGD 1e-3, momentum 0.9
