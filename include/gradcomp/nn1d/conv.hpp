@@ -179,22 +179,34 @@ class conv_geometry {
 /// y = act(y + bias), column by column so each column is read and written
 /// once while it is in L1 (act: leaky ReLU of the given slope, or none when
 /// `leaky_slope` is null). Bit-identical to the bias pass followed by a
-/// separate leaky_relu layer: a = y + b, then a > 0 ? a : slope * a. A plain
-/// loop rather than Eigen's select(), which Eigen 3.4 does not vectorise
-/// (GCC vectorises this one with SSE2 already: 0.75 -> 0.1 ms on a
-/// 128 x 5888 output without -march=native).
+/// separate leaky_relu layer: a = y + b, then a > 0 ? a : slope * a (NaN
+/// and -0 included). Written with Eigen's packet primitives: Eigen 3.4's
+/// select() is scalar, and GCC does not if-convert the scalar loop without
+/// AVX-512 masks (-ftrapping-math), which cost 2.3 ms of the encoder's 37 ms
+/// in a build without -march=native.
 template <class T>
 void add_bias_activate(matrix<T>& y, const vector<T>& bias, const T* leaky_slope) {
   if (!leaky_slope) {
     y.colwise() += bias;
     return;
   }
+  namespace ei = Eigen::internal;
+  using packet = typename ei::packet_traits<T>::type;
+  constexpr index_type width = ei::unpacket_traits<packet>::size;
   const T s = *leaky_slope;
-  const index_type rows = y.rows();
-  const T* __restrict b = bias.data();
+  const index_type rows = y.rows(), whole = width > 1 ? rows / width * width : 0;
+  const T* b = bias.data();
   for (index_type j = 0; j < y.cols(); ++j) {
-    T* __restrict c = y.data() + j * rows;
-    for (index_type i = 0; i < rows; ++i) {
+    T* c = y.data() + j * rows;
+    index_type i = 0;
+    if constexpr (width > 1) {
+      const packet zero = ei::pset1<packet>(T(0)), slope = ei::pset1<packet>(s);
+      for (; i < whole; i += width) {
+        const packet a = ei::padd(ei::ploadu<packet>(c + i), ei::ploadu<packet>(b + i));
+        ei::pstoreu(c + i, ei::pselect(ei::pcmp_lt(zero, a), a, ei::pmul(slope, a)));
+      }
+    }
+    for (; i < rows; ++i) {
       const T a = c[i] + b[i];
       c[i] = a > T(0) ? a : s * a;
     }
