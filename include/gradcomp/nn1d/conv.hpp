@@ -192,7 +192,7 @@ void add_bias_activate(matrix<T>& y, const vector<T>& bias, const T* leaky_slope
   }
   namespace ei = Eigen::internal;
   using packet = typename ei::packet_traits<T>::type;
-  constexpr index_type width = ei::unpacket_traits<packet>::size;
+  constexpr index_type width = ei::packet_traits<T>::Vectorizable ? ei::packet_traits<T>::size : 1;
   const T s = *leaky_slope;
   const index_type rows = y.rows(), whole = width > 1 ? rows / width * width : 0;
   const T* b = bias.data();
