@@ -201,7 +201,9 @@ gx::plan_options options_from(const nb::dict& d) {
 
 using farray = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 using carray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
-using layer_t = gx::bucket_layer<gradcomp::execution::seq>;
+// execution::simd: the xsimd kernels when the module is built with xsimd
+// (python/CMakeLists.txt, GRADCOMP_PYTHON_SIMD), the generic ones otherwise.
+using layer_t = gx::bucket_layer<gradcomp::execution::simd>;
 
 const char* op_name(gx::round_op op) {
   switch (op) {
@@ -338,6 +340,10 @@ using u8array = nb::ndarray<const std::uint8_t, nb::c_contig, nb::device::cpu>;
 
 NB_MODULE(_core, m) {
   m.doc() = "gradcomp's bucket layer (the whole-model exchange without a transport), on float32 buffers";
+  // How this module was built (python/CMakeLists.txt): whether the layers run xsimd
+  // kernels, and the ABI tag (the instruction sets the compiler could use).
+  m.attr("simd") = gradcomp::execution::simd_available;
+  m.attr("abi_tag") = gradcomp::execution::abi_tag;
 
   errors.error = new_error(m, "Error", PyExc_Exception, nullptr, "Base class of every gradcomp error.");
   errors.invalid_argument = new_error(m, "InvalidArgument", errors.error, PyExc_ValueError,
