@@ -34,6 +34,14 @@ gx::model_description describe(std::span<const layer_desc> layers, bool matrices
   return model;
 }
 
+/// LGC's top-k share in percent: the option, or the configuration's default when it is 0
+/// (lgc 1%; lgc_ps 0.8%, because its per-rank innovations make phase 3 cost more bytes:
+/// at 1% its phase-3 ratio on `--full` is 90x, at 0.8% 107x; docs/results.md, issue 24).
+double lgc_topk_percent(const run_options& o, config_id c) {
+  if (o.lgc_topk_percent > 0) return o.lgc_topk_percent;
+  return c == config_id::lgc_ps ? 0.8 : 1.0;
+}
+
 }  // namespace
 
 
@@ -94,7 +102,7 @@ gx::plan plan_for(config_id c, const run_options& o, std::span<const layer_desc>
       p.rules.conv = p.rules.small = p.rules.fallback =
           c == config_id::lgc ? gx::codec_kind::lgc_ring : gx::codec_kind::lgc_ps;
       p.lgc_factory = gx::lgc_bucket_factory<policy>();
-      p.lgc.alpha_percent = o.lgc_topk_percent;
+      p.lgc.alpha_percent = lgc_topk_percent(o, c);
       p.lgc.momentum = o.lgc_momentum == "phased" || parse_momentum_mode(o.lgc_momentum) == momentum_mode::plain
                            ? 0.0f
                            : float(o.momentum);
@@ -213,8 +221,8 @@ void check_option_ranges(config_id c, const run_options& o) {
   if (c == config_id::topk && !(o.topk_percent > 0 && o.topk_percent <= 100))
     throw invalid_argument_error("topk: --topk-percent must be in (0, 100], got " + std::to_string(o.topk_percent));
   const bool lgc = c == config_id::lgc || c == config_id::lgc_ps;
-  if (lgc && !(o.lgc_topk_percent > 0 && o.lgc_topk_percent <= 100))
-    throw invalid_argument_error("lgc: --lgc-topk-percent must be in (0, 100]");
+  if (lgc && !(o.lgc_topk_percent >= 0 && o.lgc_topk_percent <= 100))
+    throw invalid_argument_error("lgc: --lgc-topk-percent must be in [0, 100] (0: the configuration's default)");
   if (lgc && o.lgc_optimizer != "sgd" && o.lgc_optimizer != "adam")
     throw invalid_argument_error("lgc: --lgc-optimizer is sgd or adam");
   if (lgc && !(o.lgc_feedback_max_error >= 0))

@@ -669,7 +669,7 @@ int run_program(int argc, char** argv, int world_rank, int world_size, bool mpi_
   app.add_option("--dgs-momentum", o.dgs_momentum, "DGS: SAMomentum coefficient")->capture_default_str();
   app.add_option("--dgs-secondary", o.dgs_secondary, "DGS: sparsify the server's model difference too")
       ->capture_default_str();
-  app.add_option("--lgc-topk-percent", o.lgc_topk_percent, "LGC: percent of each layer kept by top-k")
+  app.add_option("--lgc-topk-percent", o.lgc_topk_percent, "LGC: percent of each layer kept by top-k (0: lgc 1, lgc_ps 0.8)")
       ->capture_default_str();
   app.add_option("--lgc-phase1", o.lgc_phase1, "LGC: dense warm-up steps")->capture_default_str();
   app.add_option("--lgc-momentum", o.lgc_momentum,
