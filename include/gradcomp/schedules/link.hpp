@@ -107,11 +107,13 @@ class float_link {
 
   /// A posted receive of exactly `into.size()` floats from `peer`.
   struct slot {
+    /// Zero-copy transports, packed links: where the 2-byte cells land
+    /// (declared first: destroyed after `h`, which withdraws the receive).
+    std::vector<std::byte> packed;
     recv_handle h;
     std::span<float> into;  ///< the destination (zero-copy: where MPI writes; else where wait_into copies)
     int peer = 0;
-    message msg;                   ///< moving transports: the received buffer
-    std::vector<std::byte> packed;  ///< zero-copy transports, packed links: where the 2-byte cells land
+    message msg;  ///< moving transports: the received buffer
   };
 
   /// A link for the calls of one schedule run; `element`: the cells' type (16-bit: packed, see the class comment).
@@ -130,11 +132,11 @@ class float_link {
       if (packed_) {
         std::vector<std::byte> b(wire_size(into.size()));
         auto h = t_.irecv_into(peer, tag, std::span<std::byte>(b));
-        return slot{std::move(h), into, peer, {}, std::move(b)};
+        return slot{std::move(b), std::move(h), into, peer, {}};  // the bytes move, their address stays
       }
-      return slot{t_.irecv_into(peer, tag, std::as_writable_bytes(into)), into, peer, {}, {}};
+      return slot{{}, t_.irecv_into(peer, tag, std::as_writable_bytes(into)), into, peer, {}};
     } else {
-      return slot{t_.irecv(peer, tag), into, peer, {}, {}};
+      return slot{{}, t_.irecv(peer, tag), into, peer, {}};
     }
   }
   /// Sends `x` to `peer` (zero-copy: x must stay unchanged until finish()).
@@ -290,8 +292,8 @@ class float_link {
   const char* who_;
   summable_element element_;
   bool packed_;
+  std::vector<std::vector<std::byte>> held_;  ///< zero-copy: packed sends' buffers until finish() (outlive sends_)
   std::vector<send_handle> sends_;
-  std::vector<std::vector<std::byte>> held_;  ///< zero-copy: packed sends' buffers until finish()
   std::vector<float> fallback_;
 };
 
