@@ -3,7 +3,8 @@
 // non-powers of two, hierarchical, the MPI library's own all-reduce) leaves
 // the same bits on every rank and the sum; GradiVeQ on Rabenseifner; the
 // library capability (float sum, words, max); a rank that stops
-// mid-Rabenseifner gives the others a timeout_error; and a rank waiting for
+// mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
+// cells travel packed (2 bytes each) with the same bits; and a rank waiting for
 // a late peer does not spin a core yet honours its deadline.
 #include <doctest/doctest.h>
 
@@ -193,6 +194,42 @@ TEST_CASE("mpi schedules: waiting 300 ms for a late peer uses little CPU, and th
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
+}
+
+TEST_CASE("mpi schedules: float16 and bfloat16 cells travel as 2 bytes on every schedule, with the 4-byte wire's bits") {
+  namespace gx = gradcomp::exchange;
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const int tag = tags::exchange.first;
+  for (auto e : {summable_element::float16, summable_element::bfloat16})
+    for (std::size_t len : {std::size_t(1), std::size_t(7), std::size_t(1001), std::size_t(70001)})
+      for (schedule_kind kind : {schedule_kind::ring, schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::library, schedule_kind::direct}) {
+        CAPTURE(static_cast<int>(e));
+        CAPTURE(len);
+        const std::string kind_name = to_string(kind);
+        CAPTURE(kind_name);
+        const auto x = inputs(n, len, 31 + len);
+        vec packed = x[std::size_t(r)];
+        summable::round_cells(e, packed);
+        vec wide = packed;
+        schedule_options o{.kind = kind, .chunk_elements = 4096};
+        if (kind == schedule_kind::hierarchical) o.group_size = n % 2 == 0 && n > 2 ? 2 : 0;
+        // The exchange's sum (zero-copy MPI path, packed cells)...
+        gx::schedule_collectives<> c(o);
+        gx::wire_counters w;
+        c.sum(t, std::span<float>(packed), e, tag, w);
+        // ...and the same schedule with 4-byte cells (an addition that declares no element).
+        auto wide_add = [e](std::span<float> acc, std::span<const float> in) { summable::add_into(e, acc, in); };
+        o.kind = kind == schedule_kind::library ? schedule_kind::rabenseifner : kind;  // 16-bit: not the library's
+        o.tag_base = tag + 2;
+        o.tag_owner = tags::exchange;
+        const ring_stats st = detail::allreduce_with<execution::seq>(t, std::span<float>(wide), o, wide_add);
+        CHECK(same_on_every_rank(packed));
+        CHECK(bit_equal(packed, wide));
+        CHECK(2 * w.bytes_sent == st.bytes_sent);
+        if (len > 1) CHECK(w.bytes_sent > 0);
+      }
 }
 
 TEST_CASE("mpi schedules: the exchange on Rabenseifner, the library and the cost model's choice, the same bits everywhere") {

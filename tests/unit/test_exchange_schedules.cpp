@@ -302,6 +302,91 @@ TEST_CASE("exchange schedules: summable buffers of every element (payloads/summa
       }
 }
 
+TEST_CASE("exchange schedules: float16 and bfloat16 cells travel packed, 2 bytes each, on every schedule, with the 4-byte wire's bits") {
+  const schedule_kind kinds[] = {schedule_kind::ring,         schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::direct,         schedule_kind::library};
+  const int tag = gradcomp::tags::exchange.first;
+  int order_mattered = 0;  // cases where another order than the ring's gave other bits: the inputs round
+  for (int n = 1; n <= 8; ++n)
+    for (auto e : {gx::buffer_element::float16, gx::buffer_element::bfloat16})
+      for (std::size_t len : {std::size_t(1), std::size_t(7), std::size_t(301), std::size_t(1001)})
+        for (auto kind : kinds)
+          for (std::size_t chunk : {std::size_t(0), std::size_t(50)}) {
+            CAPTURE(n);
+            CAPTURE(static_cast<int>(e));
+            CAPTURE(len);
+            CAPTURE(gradcomp::to_string(kind));
+            CAPTURE(chunk);
+            // Values of the element type over several binades, so that the sums round (and
+            // their order matters); cell 0 saturates float16 (65504) from 2 ranks on.
+            std::vector<std::vector<float>> x(static_cast<std::size_t>(n), std::vector<float>(len));
+            std::uint64_t seed = 0x243F6A8885A308D3ull ^ (std::uint64_t(n) << 32) ^ len;
+            for (int r = 0; r < n; ++r) {
+              auto& v = x[std::size_t(r)];
+              for (std::size_t i = 0; i < len; ++i) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                const float u = float((seed >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
+                v[i] = std::ldexp(u, int(i % 9) - 2);
+              }
+              v[0] = 40000.0f;
+              gradcomp::summable::round_cells(e, v);
+            }
+            gradcomp::schedule_options so{.kind = kind, .chunk_elements = chunk};
+            so.group_size = n == 6 ? 3 : (n % 2 == 0 && n > 2 ? 2 : 0);
+            auto packed = x, copy_face = x, wide = x, ring = x;
+            std::vector<std::vector<float>> f32 = x;
+            const std::size_t nn = static_cast<std::size_t>(n);
+            std::vector<std::uint64_t> sent_packed(nn), sent_copy_face(nn), sent_wide(nn), sent_f32(nn), counted(nn);
+            run_workers(n, [&](inproc_endpoint& ep) {
+              const std::size_t r = static_cast<std::size_t>(ep.rank());
+              gx::schedule_collectives<> c(so);
+              // The exchange's sum of the 16-bit buffer: packed cells.
+              gx::wire_counters w;
+              std::uint64_t b = ep.bytes_sent();
+              c.sum(ep, std::span<float>(packed[r]), e, tag, w);
+              sent_packed[r] = ep.bytes_sent() - b;
+              counted[r] = w.bytes_sent;
+              // The same over the zero-copy face (the MPI path: receives into buffers, sends of views).
+              auto z = ep.zero_copy();
+              gx::wire_counters wz;
+              b = ep.bytes_sent();
+              c.sum(z, std::span<float>(copy_face[r]), e, tag + 2, wz);
+              sent_copy_face[r] = ep.bytes_sent() - b;
+              // The previous wire: the same schedule and additions with 4-byte cells (an addition
+              // that declares no element), as element_adder ran before cells were packed.
+              auto wide_add = [e](std::span<float> acc, std::span<const float> in) { gradcomp::summable::add_into(e, acc, in); };
+              gradcomp::schedule_options o = so;
+              o.kind = kind == schedule_kind::library ? schedule_kind::rabenseifner : kind;  // inproc has no library
+              o.tag_base = tag + 4;
+              o.tag_owner = gradcomp::tags::exchange;
+              b = ep.bytes_sent();
+              gradcomp::detail::allreduce_with<gradcomp::execution::seq>(ep, std::span<float>(wide[r]), o, wide_add);
+              sent_wide[r] = ep.bytes_sent() - b;
+              // A float32 buffer of the same length on the same collectives.
+              gx::wire_counters w32;
+              b = ep.bytes_sent();
+              c.sum(ep, std::span<float>(f32[r]), gx::buffer_element::float32, tag + 6, w32);
+              sent_f32[r] = ep.bytes_sent() - b;
+              // The ring of ring/summable.hpp (2-byte cells, the ring's order).
+              gradcomp::ring_allreduce_summable(ep, std::span<float>(ring[r]), e);
+            });
+            const bool ring_order = kind == schedule_kind::ring || kind == schedule_kind::pipelined_ring;
+            for (std::size_t r = 0; r < nn; ++r) {
+              CHECK(bit_equal(packed[r], wide[0]));
+              CHECK(bit_equal(copy_face[r], wide[0]));
+              if (ring_order) CHECK(bit_equal(packed[r], ring[0]));
+              if (!ring_order && r == 0 && !bit_equal(packed[0], ring[0])) ++order_mattered;
+              CHECK(counted[r] == sent_packed[r]);
+              CHECK(sent_copy_face[r] == sent_packed[r]);
+              CHECK(2 * sent_packed[r] == sent_wide[r]);
+              CHECK(2 * sent_packed[r] == sent_f32[r]);
+            }
+            if (e == gx::buffer_element::float16 && n > 1) CHECK(packed[0][0] == 65504.0f);
+            if (n > 1 && len > 1) CHECK(sent_packed[0] > 0);
+          }
+  CHECK(order_mattered > 0);
+}
+
 TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) still restores, direct unpriced") {
   const int n = 2;
   const auto m = small_model();

@@ -9,9 +9,12 @@
 /// all-gather-then-max (or the library's max); all-gathers the ring's.
 ///
 /// The element type of a summable buffer goes through one function,
-/// element_adder: float32 with the policy's add_into; the other elements
-/// with gradcomp::summable::add_into (payloads/summable.hpp; cells travel as
-/// 4-byte floats: the same values, twice the bytes of a packed 16-bit wire).
+/// element_adder: float32 with the policy's add_into; int32_words with
+/// gradcomp::summable::add_into (payloads/summable.hpp), as 4-byte words;
+/// float16 and bfloat16 cells travel packed, 2 bytes each, and are added
+/// with summable::add_packed_into (the schedules' links see the adder's
+/// `element`, schedules/link.hpp): rounded once per addition, as
+/// ring_allreduce_summable does.
 
 #include <chrono>
 #include <cstddef>
@@ -44,6 +47,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The addition of a summable buffer's cells: float32 with the policy's
 /// add_into, other elements with summable::add_into (rounded once to the
 /// element; int32_words modulo 2^32). Commutative, as the schedules need.
+/// Its `element` tells the schedules' links the cells' type: 16-bit cells
+/// travel packed and are added by the link with summable::add_packed_into
+/// (the same bits as this operator on the unpacked cells).
 template <ExecutionPolicy Policy = execution::seq>
 struct element_adder {
   buffer_element element = buffer_element::float32;

@@ -45,7 +45,7 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   const ring_schedule split(r, n, data.size());
   auto seg = [&](int j) { return split.segment<float>(data, j); };
   const std::span<float> mine = seg(r);
-  float_link<T> link(t, st, who);
+  float_link<T> link(t, st, who, link_element(add));
   using slot = typename float_link<T>::slot;
 
   // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).

@@ -45,7 +45,7 @@ ring_stats hierarchical_impl(T& t, std::span<float> data, const schedule_options
   const int groups = n / g, group = rank / g, local = rank % g;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
   const std::size_t chunk = o.chunk_elements;
-  float_link<T> link(t, st, who);
+  float_link<T> link(t, st, who, link_element(add));
 
   // Level 1: reduce-scatter inside the group (ring over ranks group*g .. group*g + g-1).
   const ring_schedule intra(local, g, data.size());

@@ -4,10 +4,13 @@
 /// that moves byte vectors (inproc: received buffers are summed into and
 /// forwarded, no copy) or a ZeroCopyTransport (MPI: sends from and receives
 /// into the caller's floats), with byte and message counts; and the chunked
-/// exchanges the schedules are built of.
+/// exchanges the schedules are built of. A link over summable cells of a
+/// 16-bit element (float16, bfloat16: payloads/summable.hpp) sends them
+/// packed, 2 bytes per cell, as ring_allreduce_summable does.
 /// Part of <gradcomp/schedules.hpp>.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +22,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
+#include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/ring/stats.hpp>
 
 namespace gradcomp::detail {
@@ -70,9 +74,30 @@ std::span<F> link_chunk(std::span<F> x, std::size_t chunk, std::size_t c) noexce
   return x.subspan(b, std::min(chunk, x.size() - b));
 }
 
+/// The element type of the cells a schedule's addition sums: `add.element`
+/// when the addition has such a member (exchange::element_adder), else
+/// float32 (float_adder, any other callable).
+template <class Add>
+constexpr summable_element link_element(const Add& add) noexcept {
+  if constexpr (requires { { add.element } -> std::convertible_to<summable_element>; })
+    return static_cast<summable_element>(add.element);
+  else
+    return summable_element::float32;
+}
+
 /// Sends and receives float ranges for one schedule call (see the file comment).
 /// A ZeroCopyTransport's sends read the caller's floats until finish():
 /// keep them unchanged until then.
+///
+/// A link built with a 16-bit element (float16, bfloat16) is packed: every
+/// range travels as summable::pack's 2-byte cells (the cells are values of
+/// that type, so packing is exact), a received range is unpacked into its
+/// destination, and an addition is summable::add_packed_into (the float32
+/// sum rounded once to the element: the same bits as summable::add_into on
+/// the unpacked floats). Sends are then packed copies, so the caller's
+/// floats may change at once; wait_add_forward leaves the sum in `own` on
+/// every transport. Other elements (float32, int32_words) travel as 4-byte
+/// cells added with the schedule's `add`.
 template <class T>
 class float_link {
  public:
@@ -82,26 +107,46 @@ class float_link {
 
   /// A posted receive of exactly `into.size()` floats from `peer`.
   struct slot {
+    /// Zero-copy transports, packed links: where the 2-byte cells land
+    /// (declared first: destroyed after `h`, which withdraws the receive).
+    std::vector<std::byte> packed;
     recv_handle h;
     std::span<float> into;  ///< the destination (zero-copy: where MPI writes; else where wait_into copies)
     int peer = 0;
     message msg;  ///< moving transports: the received buffer
   };
 
-  float_link(T& t, ring_stats& st, const char* who) : t_(t), st_(st), who_(who) {}
+  /// A link for the calls of one schedule run; `element`: the cells' type (16-bit: packed, see the class comment).
+  float_link(T& t, ring_stats& st, const char* who, summable_element element = summable_element::float32)
+      : t_(t), st_(st), who_(who), element_(element), packed_(summable::wire_bytes(element) == 2) {}
+
+  /// True when cells travel packed (2 bytes each).
+  bool packed() const noexcept { return packed_; }
 
   int rank() const { return static_cast<int>(t_.rank()); }
   int size() const { return static_cast<int>(t_.size()); }
 
   /// Posts a receive of `into.size()` floats from `peer` with `tag`.
   slot post(int peer, int tag, std::span<float> into) {
-    if constexpr (zero_copy)
-      return slot{t_.irecv_into(peer, tag, std::as_writable_bytes(into)), into, peer, {}};
-    else
-      return slot{t_.irecv(peer, tag), into, peer, {}};
+    if constexpr (zero_copy) {
+      if (packed_) {
+        std::vector<std::byte> b(wire_size(into.size()));
+        auto h = t_.irecv_into(peer, tag, std::span<std::byte>(b));
+        return slot{std::move(b), std::move(h), into, peer, {}};  // the bytes move, their address stays
+      }
+      return slot{{}, t_.irecv_into(peer, tag, std::as_writable_bytes(into)), into, peer, {}};
+    } else {
+      return slot{{}, t_.irecv(peer, tag), into, peer, {}};
+    }
   }
   /// Sends `x` to `peer` (zero-copy: x must stay unchanged until finish()).
   void send(int peer, int tag, std::span<const float> x) {
+    if (packed_) {
+      std::vector<std::byte> b(wire_size(x.size()));
+      summable::pack(element_, x, b);
+      send_bytes(peer, tag, std::move(b));
+      return;
+    }
     st_.bytes_sent += x.size_bytes();
     ++st_.messages_sent;
     if constexpr (zero_copy) {
@@ -114,12 +159,20 @@ class float_link {
   /// Waits for `s` and leaves the floats in s.into.
   void wait_into(slot& s) {
     receive(s);
+    if (packed_) {
+      summable::unpack(element_, bytes(s), s.into);
+      return;
+    }
     if constexpr (!zero_copy)
       if (!s.into.empty()) std::memcpy(s.into.data(), s.msg.bytes.data(), s.into.size_bytes());
   }
   /// Waits for `s`, copies it into s.into and forwards the same floats to `peer`.
   void wait_into_forward(slot& s, int peer, int tag) {
     wait_into(s);
+    if (packed_) {
+      send_bytes(peer, tag, std::move(bytes(s)));
+      return;
+    }
     if constexpr (zero_copy) {
       send(peer, tag, std::span<const float>(s.into));
     } else {
@@ -130,6 +183,10 @@ class float_link {
   template <class Add>
   void wait_add(slot& s, std::span<float> acc, Add& add) {
     receive(s);
+    if (packed_) {
+      ring_timed(st_.combine_seconds, [&] { summable::add_packed_into(element_, acc, bytes(s)); });
+      return;
+    }
     ring_timed(st_.combine_seconds, [&] { add(acc, received(s)); });
   }
   /// Waits for `s`, adds `own` to it and sends the sum to `peer`. Zero-copy:
@@ -139,6 +196,16 @@ class float_link {
   template <class Add>
   void wait_add_forward(slot& s, std::span<float> own, int peer, int tag, Add& add) {
     receive(s);
+    if (packed_) {
+      // own = own + received, rounded once; its packed cells go on in the received buffer.
+      std::vector<std::byte>& b = bytes(s);
+      ring_timed(st_.combine_seconds, [&] {
+        summable::add_packed_into(element_, own, b);
+        summable::pack(element_, own, b);
+      });
+      send_bytes(peer, tag, std::move(b));
+      return;
+    }
     if constexpr (zero_copy) {
       ring_timed(st_.combine_seconds, [&] { add(own, std::span<const float>(s.into)); });
       send(peer, tag, std::span<const float>(own));
@@ -162,6 +229,7 @@ class float_link {
       for (auto& h : sends_) h.wait();
     });
     sends_.clear();
+    held_.clear();
   }
 
  private:
@@ -171,10 +239,26 @@ class float_link {
   static std::span<float> as_floats(std::vector<std::byte>& b) noexcept {
     return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
   }
-  void forward(slot& s, int peer, int tag) {
-    st_.bytes_sent += s.msg.bytes.size();
+  void forward(slot& s, int peer, int tag) { send_bytes(peer, tag, std::move(s.msg.bytes)); }
+  /// Bytes on the wire of `cells` cells.
+  std::size_t wire_size(std::size_t cells) const noexcept { return cells * (packed_ ? 2 : sizeof(float)); }
+  /// Sends a byte buffer (zero-copy: held until finish()).
+  void send_bytes(int peer, int tag, std::vector<std::byte>&& b) {
+    st_.bytes_sent += b.size();
     ++st_.messages_sent;
-    sends_.push_back(t_.isend(peer, tag, std::move(s.msg.bytes)));
+    if constexpr (zero_copy) {
+      held_.push_back(std::move(b));
+      sends_.push_back(t_.isend_view(peer, tag, std::span<const std::byte>(held_.back())));
+    } else {
+      sends_.push_back(t_.isend(peer, tag, std::move(b)));
+    }
+  }
+  /// The received bytes of a packed slot.
+  static std::vector<std::byte>& bytes(slot& s) noexcept {
+    if constexpr (zero_copy)
+      return s.packed;
+    else
+      return s.msg.bytes;
   }
   void receive(slot& s) {
     std::size_t got = 0;
@@ -187,9 +271,9 @@ class float_link {
       }
     });
     st_.bytes_received += got;
-    if (got != s.into.size_bytes())
+    if (got != wire_size(s.into.size()))
       throw transport_error(std::string(who_) + ": rank " + std::to_string(rank()) + " expected " +
-                            std::to_string(s.into.size_bytes()) + " bytes from rank " + std::to_string(s.peer) +
+                            std::to_string(wire_size(s.into.size())) + " bytes from rank " + std::to_string(s.peer) +
                             ", got " + std::to_string(got) + " (do all ranks pass the same length and options?)");
   }
   std::span<const float> received(slot& s) {
@@ -206,6 +290,9 @@ class float_link {
   T& t_;
   ring_stats& st_;
   const char* who_;
+  summable_element element_;
+  bool packed_;
+  std::vector<std::vector<std::byte>> held_;  ///< zero-copy: packed sends' buffers until finish() (outlive sends_)
   std::vector<send_handle> sends_;
   std::vector<float> fallback_;
 };

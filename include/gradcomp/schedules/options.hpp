@@ -100,6 +100,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// of the policy's kernels. A schedule takes any callable `add(acc, in)`
 /// that computes acc[i] = acc[i] (+) in[i] with a commutative (+): the
 /// exchange passes the element type's rounded addition (summable buffers).
+/// An addition with a member `element` (a summable_element, as
+/// exchange::element_adder) of float16 or bfloat16 sends its cells packed,
+/// 2 bytes each, added with summable::add_packed_into (schedules/link.hpp).
 template <ExecutionPolicy Policy = execution::seq>
 struct float_adder {
   void operator()(std::span<float> acc, std::span<const float> in) const { add_into(Policy{}, acc, in); }

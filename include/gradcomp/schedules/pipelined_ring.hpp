@@ -35,16 +35,18 @@ void chunked_reduce_scatter(float_link<T>& link, std::span<float> data, const ri
   const int steps = ring.steps();
   if (steps < 1) return;
   using slot = typename float_link<T>::slot;
-  // Receives of step s land in scratch[s % 2] (zero-copy only; moving
-  // transports keep the received buffers): step s + 1 is posted before step s is added.
+  // Receives of step s land in scratch[s % 2] (zero-copy float cells only;
+  // moving transports and packed links keep the received buffers): step s + 1
+  // is posted before step s is added.
+  const bool in_scratch = float_link<T>::zero_copy && !link.packed();
   std::vector<float> scratch[2];
-  if constexpr (float_link<T>::zero_copy) {
+  if (in_scratch) {
     scratch[0].resize(ring.size(0));
     scratch[1].resize(ring.size(0));
   }
   auto post_step = [&](int s) {
     const std::size_t len = ring.size(ring.reduce_scatter_recv(s));
-    std::span<float> into = float_link<T>::zero_copy ? std::span<float>(scratch[s % 2]).first(len)
+    std::span<float> into = in_scratch ? std::span<float>(scratch[s % 2]).first(len)
                                                      : std::span<float>(ring.segment<float>(data, ring.reduce_scatter_recv(s)));
     std::vector<slot> v;
     const std::size_t nc = link_chunks(len, chunk);
@@ -112,7 +114,7 @@ ring_stats pipelined_ring_impl(T& t, std::span<float> data, const schedule_optio
   schedule_check_tags(o, "pipelined_ring_allreduce");
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   if (ring.size() > 1) {
-    float_link<T> link(t, st, "pipelined_ring_allreduce");
+    float_link<T> link(t, st, "pipelined_ring_allreduce", link_element(add));
     chunked_reduce_scatter(link, data, ring, ring.next(), ring.prev(), o.tag_base, o.chunk_elements, add);
     link.finish();
     if (o.average) schedule_average(ring.segment<float>(data, ring.owned_segment()), ring.size());

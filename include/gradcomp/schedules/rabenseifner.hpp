@@ -100,7 +100,7 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   if (rs.size() == 1) return st;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
   const std::size_t chunk = o.chunk_elements;
-  float_link<T> link(t, st, who);
+  float_link<T> link(t, st, who, link_element(add));
   scratch_floats scratch;
 
   // Fold: the even rank of a pair hands its vector to the odd one.

@@ -279,7 +279,7 @@ class mpi_transport {
     /// Blocks until the message is in the buffer; returns its length in bytes.
     std::size_t wait() {
       if (timeout_.count() == 0 && request_ != MPI_REQUEST_NULL) {
-        MPI_Status status;
+        MPI_Status status{};  // MPI_Wait does not set MPI_ERROR on success: complete() reads it
         const int code = MPI_Wait(&request_, &status);
         if (code == MPI_ERR_TRUNCATE) status.MPI_ERROR = MPI_ERR_TRUNCATE;
         else detail::mpi_check(code, "MPI_Wait (receive)");
@@ -299,7 +299,7 @@ class mpi_transport {
     bool test() {
       if (request_ == MPI_REQUEST_NULL) return true;
       int done = 0;
-      MPI_Status status;
+      MPI_Status status{};  // MPI_Test does not set MPI_ERROR on success: complete() reads it
       const int code = MPI_Test(&request_, &done, &status);
       if (code == MPI_ERR_TRUNCATE) {
         status.MPI_ERROR = MPI_ERR_TRUNCATE;  // completed in error: report it as such
