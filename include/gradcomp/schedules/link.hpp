@@ -80,7 +80,7 @@ std::span<F> link_chunk(std::span<F> x, std::size_t chunk, std::size_t c) noexce
 template <class Add>
 constexpr summable_element link_element(const Add& add) noexcept {
   if constexpr (requires { { add.element } -> std::convertible_to<summable_element>; })
-    return static_cast<summable_element>(add.element);
+    return add.element;
   else
     return summable_element::float32;
 }
@@ -241,7 +241,7 @@ class float_link {
   }
   void forward(slot& s, int peer, int tag) { send_bytes(peer, tag, std::move(s.msg.bytes)); }
   /// Bytes on the wire of `cells` cells.
-  std::size_t wire_size(std::size_t cells) const noexcept { return cells * (packed_ ? 2 : sizeof(float)); }
+  std::size_t wire_size(std::size_t cells) const noexcept { return cells * summable::wire_bytes(element_); }
   /// Sends a byte buffer (zero-copy: held until finish()).
   void send_bytes(int peer, int tag, std::vector<std::byte>&& b) {
     st_.bytes_sent += b.size();
