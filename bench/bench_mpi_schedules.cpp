@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
                                                    {.kind = schedule_kind::rabenseifner},
                                                    {.kind = schedule_kind::library}};
   if (size % 2 == 0 && size > 2) kinds.push_back({.kind = schedule_kind::hierarchical, .group_size = 2});
+  gradcomp::schedule_workspace workspace;  // the scratch kept across calls, as the exchange keeps it
+  for (auto& o : kinds) o.workspace = &workspace;
   const gradcomp::cost_model model = gradcomp::calibrate<gradcomp::bench::policy>(t);
   if (rank == 0)
     std::printf("all-reduce schedules over mpi_transport, %d ranks, best of %d, load %.2f\n"

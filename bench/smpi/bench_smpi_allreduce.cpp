@@ -111,6 +111,7 @@ struct context {
   int rank = 0, size = 1;
   int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
   std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
+  gradcomp::schedule_workspace workspace;  // the schedules' receive scratch, kept across calls as the exchange keeps it
 };
 
 /// gradcomp's schedule `kind` (chunks of 32768 floats = 128 KiB, >= 64 KB) over one span.
@@ -119,6 +120,7 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   o.kind = kind;
   o.group_size = c.group;
   o.chunk_elements = c.chunk;
+  o.workspace = &c.workspace;
   if (kind == gradcomp::schedule_kind::ring) gradcomp::ring_allreduce(policy{}, c.transport, x);
   else gradcomp::allreduce(policy{}, c.transport, x, o);
 }

@@ -73,6 +73,48 @@ TEST_CASE("direct schedule: the mean, the same bits whatever the chunk, and 2(N-
   CHECK(std::string(gradcomp::to_string(schedule_kind::direct)) == "direct");
 }
 
+TEST_CASE("direct and Rabenseifner: a workspace kept across calls gives the same bits and grows only") {
+  const int n = 5;
+  for (schedule_kind kind : {schedule_kind::direct, schedule_kind::rabenseifner}) {
+    CAPTURE(gradcomp::to_string(kind));
+    std::vector<gradcomp::schedule_workspace> ws(static_cast<std::size_t>(n));  // one per rank (thread)
+    for (std::size_t len : {std::size_t(4099), std::size_t(13), std::size_t(20000)}) {
+      CAPTURE(len);
+      const auto x = inputs(n, len, 5 + len);
+      const auto fresh = run_direct(n, x, {.kind = kind, .chunk_elements = 64});
+      std::vector<vec> kept = x;
+      run_workers(n, [&](inproc_endpoint& ep) {
+        schedule_options o{.kind = kind, .chunk_elements = 64};
+        o.workspace = &ws[std::size_t(ep.rank())];
+        gradcomp::allreduce(ep, kept[std::size_t(ep.rank())], o);
+      }, {.recv_timeout = 60s});
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(kept[std::size_t(r)], fresh[std::size_t(r)]));
+    }
+    // Sized by the largest call so far (20000 floats; direct: a segment per peer).
+    const auto capacities = [&] {
+      std::vector<std::size_t> c;
+      for (const auto& w : ws) c.push_back(w.capacity());
+      return c;
+    };
+    const std::vector<std::size_t> held = capacities();
+    CHECK(*std::max_element(held.begin(), held.end()) >= std::size_t(4 * (20000 / n)));
+    run_workers(n, [&](inproc_endpoint& ep) {
+      schedule_options o{.kind = kind};
+      o.workspace = &ws[std::size_t(ep.rank())];
+      vec small(10, 1.0f);
+      gradcomp::allreduce(ep, small, o);
+      CHECK(small[0] == float(n));
+    }, {.recv_timeout = 60s});
+    CHECK(capacities() == held);
+  }
+  // A copy holds no capacity (a workspace carries no value).
+  gradcomp::schedule_workspace a;
+  (void)a.floats(100);
+  const gradcomp::schedule_workspace b = a;
+  CHECK(a.capacity() == 100);
+  CHECK(b.capacity() == 0);
+}
+
 TEST_CASE("cost model: the direct schedule is priced only on request, two phases of one link's worth") {
   gradcomp::cost_model m;
   m.inter = {1e-5, 1e-9};
@@ -87,10 +129,17 @@ TEST_CASE("cost model: the direct schedule is priced only on request, two phases
   CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(want).epsilon(1e-12));
   // Two latency steps against Rabenseifner's four: small messages go direct.
   CHECK(gradcomp::predict(m, p).best == schedule_kind::direct);
-  // Chunks do not hide the additions of the direct schedule (the N-1 copies arrive together).
+  // Chunks hide the additions behind the all-gather, all but the first chunk's (the N-1 copies
+  // arrive together, so the first phase hides none): segments of 250 floats in 3 chunks.
   m.chunk_elements = 100;
   m.message_overhead_s = 0;
-  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(want).epsilon(1e-12));
+  const double chunked = (1e-5 + 3000e-9) + (1e-5 + 250e-9 + 3000e-9);
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(chunked).epsilon(1e-12));
+  // Additions slower than the wire: the wire then hides nothing more than its own time.
+  m.add_s = 1e-8;
+  const double slow = (1e-5 + 3000e-9) + (1e-5 + 2500e-9 + 5000e-9);
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(slow).epsilon(1e-12));
+  m.add_s = 1e-9;
   gradcomp::cost_problem c = p;
   c.compressed = true;
   CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::direct, c)));

@@ -582,7 +582,11 @@ TEST_CASE("faults: a worker that dies mid-run stalls neither the server nor the 
   CHECK(server.status(1) == ps_worker_status::left);
   CHECK(server.status(2) == ps_worker_status::gone);
   CHECK(server.stats().pushes == 2 * steps + 4);
-  CHECK(server.stats().send_failures == 1);
+  // The reply to the 4th push fails when the worker is already dead (1), or,
+  // where the server replied between that push and the worker's death (a
+  // loaded machine), lands in a dead inbox and the probe after the next
+  // receive timeout finds the worker gone (0). Either way it is `gone`.
+  CHECK(server.stats().send_failures <= 1);
   for (int k = 0; k < 2; ++k) CHECK(bit_equal(models[std::size_t(k)], server.state().replica(k)));
 }
 

@@ -57,6 +57,7 @@ class auto_collectives {
   void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
     const schedule_decision& d = decide(t, data.size(), e, tag + 2);
     schedule_options so{.kind = d.kind, .chunk_elements = model_.chunk_elements, .group_size = model_.group_size};
+    so.workspace = &workspace_;
     detail::schedule_sum<Policy>(t, data, e, tag, c, so);
   }
   template <Transport T>
@@ -187,6 +188,7 @@ class auto_collectives {
   bool calibrated_ = false;
   std::vector<round_schedule> decisions_;
   std::optional<schedule_kind> last_;
+  schedule_workspace workspace_;  ///< the rounds' scratch, reused (see schedule_workspace)
 };
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -148,7 +148,9 @@ class schedule_collectives {
 
   template <Transport T>
   void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
-    detail::schedule_sum<Policy>(t, data, e, tag, c, o_);
+    schedule_options o = o_;
+    o.workspace = &workspace_;  // one scratch for every round of this exchange
+    detail::schedule_sum<Policy>(t, data, e, tag, c, o);
   }
   template <Transport T>
   void sum(T& t, std::span<float> data, int tag, wire_counters& c) {
@@ -169,6 +171,7 @@ class schedule_collectives {
 
  private:
   schedule_options o_;
+  schedule_workspace workspace_;
 };
 
 /// Sum rounds on Rabenseifner's halving and doubling.

@@ -97,9 +97,11 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta)
 ///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
 ///                  across groups, then (g-1) all-gather hops inside (dense; 1 < g < N, g | N)
-///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m): 2 alpha +
-///                  2 (N-1)/N 4m beta + (N-1)/N m gamma, the additions after the transfer (the copies share
-///                  the port fairly and arrive together), the second phase chunked (dense only)
+///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m, wire w):
+///                  alpha + w, then the additions A = (N-1)/N m gamma in k = ceil((m/N) / chunk) chunks,
+///                  each chunk's all-gather sent as soon as it is summed: alpha + A/k + max(w, A (k-1)/k)
+///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
+///                  the additions, and not the first chunk's; dense only)
 /// plus, for a codec, (encode_s + decode_s) x elements. gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
@@ -140,9 +142,12 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
     case schedule_kind::direct: {
       if (p.compressed || !m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
-      // The N-1 copies share the owner's port fairly, so they all arrive at the end of the phase: the
-      // additions follow the transfer instead of hiding behind it (no chunk overlap in the first phase).
-      return detail::cost_hop(m.inter, 4.0 * moved, moved, m, false) + detail::cost_hop(m.inter, 4.0 * moved, 0.0, m, true);
+      const double wire = 4.0 * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
+      const double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(mfl / n / double(m.chunk_elements))) : 1.0;
+      // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
+      // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
+      return (m.inter.latency_s + wire) +
+             (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k) + (k - 1.0) * m.message_overhead_s);
     }
     case schedule_kind::library: return inf;
   }

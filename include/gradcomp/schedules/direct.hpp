@@ -49,7 +49,7 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   using slot = typename float_link<T>::slot;
 
   // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
-  scratch_floats space;
+  scratch_floats space(o.workspace);
   const std::span<float> scratch = space.first(mine.size() * static_cast<std::size_t>(n - 1));
   std::vector<std::vector<slot>> in(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k) {
@@ -64,16 +64,13 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
     const std::span<const float> x = seg(peer);
     for (std::size_t c = 0; c < link_chunks(x.size(), chunk); ++c) link.send(peer, tag, link_chunk(x, chunk, c));
   }
-  // Sum in a fixed order: own + (r+1) + (r+2) + ... chunk by chunk as the copies arrive.
-  for (int k = 1; k < n; ++k) {
-    auto& slots = in[std::size_t(k - 1)];
-    for (std::size_t c = 0; c < slots.size(); ++c) link.wait_add(slots[c], link_chunk(mine, chunk, c), add);
-  }
-  if (o.average) schedule_average(mine, n);
-  // Every segment given away is overwritten by the all-gather: its sends finish first.
+  // Every copy of my segment lands before any is added: they share my port
+  // fairly and arrive together. The sends of the segments given away then
+  // finish (those ranges are overwritten by the all-gather) and the
+  // all-gather's receives are posted before the additions start, so that...
+  for (auto& slots : in)
+    for (auto& s : slots) link.arrive(s);
   link.finish();
-
-  // All-gather: post the receives of every other segment, send mine to every rank.
   std::vector<std::vector<slot>> out(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
@@ -81,10 +78,14 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
     for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
       out[std::size_t(k - 1)].push_back(link.post(peer, tag2, link_chunk(into, chunk, c)));
   }
-  for (int k = 1; k < n; ++k) {
-    const int peer = (r + k) % n;
-    for (std::size_t c = 0; c < link_chunks(mine.size(), chunk); ++c)
-      link.send(peer, tag2, std::span<const float>(link_chunk(mine, chunk, c)));
+  // ...chunk c's all-gather travels while chunk c + 1 is summed: only the
+  // first chunk's additions are on the critical path. The sum is own +
+  // (r+1) + (r+2) + ... in that fixed order, element by element.
+  for (std::size_t c = 0; c < link_chunks(mine.size(), chunk); ++c) {
+    const std::span<float> part = link_chunk(mine, chunk, c);
+    for (auto& slots : in) link.add_arrived(slots[c], part, add);
+    if (o.average) schedule_average(part, n);
+    for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
   }
   for (auto& slots : out)
     for (auto& s : slots) link.wait_into(s);
@@ -103,7 +104,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// to every rank: bit-identical on every rank. Per rank 2(N-1)/N of the
 /// vector sent in 2 latency steps, N-1 messages at once (each cut into
 /// chunks of options.chunk_elements floats), and (N-1)/N of the vector of
-/// scratch. Tags options.tag_base (reduce-scatter) and + 1 (all-gather).
+/// scratch (options.workspace when given: keep one across calls). The
+/// additions of chunk c + 1 overlap the all-gather of chunk c. Tags
+/// options.tag_base (reduce-scatter) and + 1 (all-gather).
 /// Errors: a message of the wrong length is a transport_error naming both
 /// ranks; transport errors propagate.
 template <ExecutionPolicy Policy, Transport T>

@@ -24,6 +24,7 @@
 #include <gradcomp/errors.hpp>
 #include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/ring/stats.hpp>
+#include <gradcomp/schedules/options.hpp>
 
 namespace gradcomp::detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
@@ -39,23 +40,19 @@ struct link_handles<T, true> {
   using send = decltype(std::declval<T&>().isend_view(0, 0, std::span<const std::byte>{}));
 };
 
-/// Receive space of a schedule call: floats left uninitialised (every one
-/// is written by a receive before it is read), so a call does not pay for
-/// zeroing scratch as large as the vector. Grows, never shrinks.
+/// Receive space of a schedule call: the caller's workspace
+/// (schedule_options::workspace) when it gives one, else the call's own.
+/// Floats are left uninitialised (every one is written by a receive before
+/// it is read), so a call does not pay for zeroing scratch as large as the vector.
 class scratch_floats {
  public:
-  /// The first n floats (reallocated, contents dropped, when n exceeds the capacity).
-  std::span<float> first(std::size_t n) {
-    if (n > size_) {
-      p_.reset(new float[n]);
-      size_ = n;
-    }
-    return {p_.get(), n};
-  }
+  explicit scratch_floats(schedule_workspace* shared) noexcept : shared_(shared) {}
+  /// The first n floats.
+  std::span<float> first(std::size_t n) { return (shared_ != nullptr ? *shared_ : own_).floats(n); }
 
  private:
-  std::unique_ptr<float[]> p_;
-  std::size_t size_ = 0;
+  schedule_workspace* shared_;
+  schedule_workspace own_;
 };
 
 /// Number of messages a range of `elements` floats goes as with chunks of
@@ -182,7 +179,15 @@ class float_link {
   /// Waits for `s` and adds it into `acc` (acc = acc + received).
   template <class Add>
   void wait_add(slot& s, std::span<float> acc, Add& add) {
-    receive(s);
+    arrive(s);
+    add_arrived(s, acc, add);
+  }
+  /// Waits for `s` and keeps what arrived in the slot for add_arrived (a
+  /// schedule that lets every message land before it adds any).
+  void arrive(slot& s) { receive(s); }
+  /// Adds the floats of an arrived slot into `acc` (acc = acc + received).
+  template <class Add>
+  void add_arrived(slot& s, std::span<float> acc, Add& add) {
     if (packed_) {
       ring_timed(st_.combine_seconds, [&] { summable::add_packed_into(element_, acc, bytes(s)); });
       return;

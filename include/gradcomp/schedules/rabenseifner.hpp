@@ -101,7 +101,7 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
   const std::size_t chunk = o.chunk_elements;
   float_link<T> link(t, st, who, link_element(add));
-  scratch_floats scratch;
+  scratch_floats scratch(o.workspace);
 
   // Fold: the even rank of a pair hands its vector to the odd one.
   if (rs.folded_out()) {
