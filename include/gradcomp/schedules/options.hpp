@@ -63,8 +63,8 @@ inline constexpr int schedule_default_tag_base = tags::schedules.first;
 /// calls: they receive up to (N-1)/N of the vector into scratch. Without a
 /// workspace every call allocates that scratch and frees it, and a large
 /// allocation is fresh pages the kernel must fault in and zero at first
-/// touch. Under SMPI that cost is charged to gradcomp's computation (2.5% of
-/// the direct schedule's time on ResNet-50's 32 buckets at 16 x 1 Gbit/s,
+/// touch. Under SMPI that cost is charged to gradcomp's computation (about 1.7%
+/// of the direct schedule's time on ResNet-50's 32 buckets at 16 x 1 Gbit/s,
 /// docs/performance.md). Give every call of one caller the same workspace
 /// (schedule_options::workspace; the exchange's collectives own one).
 /// One caller at a time: a workspace is not shared between threads or
