@@ -4,6 +4,7 @@
 //
 //   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
 //       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>] [--group G]
+//       [--chunk FLOATS] [--window CHUNKS]   (schedule_options::chunk_elements, window_chunks; defaults the library's)
 //   smpirun -np 2 -platform P2.xml ... bench_smpi_allreduce --model N:floats,...   (the cost model's fit and picks)
 //   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
 //   bench_smpi_allreduce --list                                           (the methods, no MPI)
@@ -111,6 +112,7 @@ struct context {
   int rank = 0, size = 1;
   int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
   std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
+  std::size_t window = gradcomp::schedule_options{}.window_chunks;  // --window: chunks posted per peer (0: all)
   gradcomp::schedule_workspace workspace;  // the schedules' receive scratch, kept across calls as the exchange keeps it
 };
 
@@ -120,6 +122,7 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   o.kind = kind;
   o.group_size = c.group;
   o.chunk_elements = c.chunk;
+  o.window_chunks = c.window;
   o.workspace = &c.workspace;
   if (kind == gradcomp::schedule_kind::ring) gradcomp::ring_allreduce(policy{}, c.transport, x);
   else gradcomp::allreduce(policy{}, c.transport, x, o);
@@ -237,7 +240,19 @@ const std::vector<method>& methods() {
     m.push_back(codec_method<gradiveq_codec>(
         "gc_gradiveq_rabenseifner", "gradiveq", "rabenseifner", make_gradiveq,
         [](context& c, gradiveq_codec& q, std::span<float> x) {
-          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+          auto st = gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner, .workspace = &c.workspace});
+          if (c.rank == 0) std::printf("STATS enc=%.4f dec=%.4f comb=%.4f wait=%.4f bytes=%zu msgs=%zu\n", st.encode_seconds, st.decode_seconds, st.combine_seconds, st.wait_seconds, (size_t)st.bytes_sent, (size_t)st.messages_sent);
+        },
+        sk::rabenseifner));
+    // Diagnostic, not in the runner's lists: GradiVeQ's encode (eq. 3) and decode
+    // (eq. 5) of every compressible bucket on each rank, no network: the codec's
+    // computation as SMPI charges it, to split gc_gradiveq_*'s time.
+    m.push_back(codec_method<gradiveq_codec>(
+        "gc_gradiveq_compute", "gradiveq_compute", "none", make_gradiveq,
+        [](context&, gradiveq_codec& q, std::span<float> x) {
+          gradiveq_codec::payload_type p;
+          q.encode(std::span<const float>(x), p);
+          q.decode(p, x);
         },
         sk::rabenseifner));
     // fp16 / bf16 (half.hpp): 16-bit payloads, one rounding per hop on the ring (add_raw_and_reencode)
@@ -249,7 +264,7 @@ const std::vector<method>& methods() {
     m.push_back(codec_method<fp16>(
         "gc_fp16_rabenseifner", "fp16", "rabenseifner", [](context&, std::size_t) { return std::make_unique<fp16>(); },
         [](context& c, fp16& q, std::span<float> x) {
-          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner, .workspace = &c.workspace});
         },
         sk::rabenseifner));
     m.push_back(codec_method<bf16>(
@@ -258,7 +273,7 @@ const std::vector<method>& methods() {
     m.push_back(codec_method<bf16>(
         "gc_bf16_rabenseifner", "bf16", "rabenseifner", [](context&, std::size_t) { return std::make_unique<bf16>(); },
         [](context& c, bf16& q, std::span<float> x) {
-          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner});
+          gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner, .workspace = &c.workspace});
         },
         sk::rabenseifner));
     // The homomorphic quantizer (agreed scales: a ring max of the block scales, then integer sums on the ring).
@@ -416,7 +431,7 @@ int fit_model(const std::string& grid) {
 int main(int argc, char** argv) {
   std::string method_name, spec = "resnet50", label, model_grid;
   int repeats = 1, group = 0;
-  std::size_t chunk = 32768;
+  std::size_t chunk = 32768, window = gradcomp::schedule_options{}.window_chunks;
   bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
   for (int i = 1; i < argc; ++i) {
@@ -428,6 +443,7 @@ int main(int argc, char** argv) {
     else if (a == "--label") label = next();
     else if (a == "--group") group = std::atoi(next().c_str());
     else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--window") window = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
     else if (a == "--list") list = true;
@@ -447,7 +463,7 @@ int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
   if (do_model) return fit_model(model_grid);
   mpi_transport transport(MPI_COMM_WORLD);
-  context c{transport, transport.rank(), transport.size(), group, chunk};
+  context c{transport, transport.rank(), transport.size(), group, chunk, window, {}};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());

@@ -4,7 +4,8 @@
 // the same bits on every rank and the sum; GradiVeQ on Rabenseifner; the
 // library capability (float sum, words, max); a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
-// cells travel packed (2 bytes each) with the same bits; and a rank waiting for
+// cells travel packed (2 bytes each) with the same bits; Rabenseifner and
+// direct give the same bits with any receive window; and a rank waiting for
 // a late peer does not spin a core yet honours its deadline.
 #include <doctest/doctest.h>
 
@@ -99,6 +100,26 @@ TEST_CASE("mpi schedules: the pipelined ring is the ring bit for bit") {
   CHECK(bit_equal(a, b));
 }
 
+TEST_CASE("mpi schedules: Rabenseifner and direct give the same bits with any receive window") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const auto x = inputs(n, 30011, 8);
+  for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct}) {
+    const std::string kind_name = to_string(kind);
+    CAPTURE(kind_name);
+    vec all = x[std::size_t(r)];
+    allreduce(t, std::span<float>(all), {.kind = kind, .chunk_elements = 256, .window_chunks = 0});
+    CHECK(same_on_every_rank(all));
+    CHECK(max_rel(all, exact_sum(x)) < 1e-5);
+    for (std::size_t w : {1, 2, 7}) {
+      CAPTURE(w);
+      vec got = x[std::size_t(r)];
+      allreduce(t, std::span<float>(got), {.kind = kind, .chunk_elements = 256, .window_chunks = w});
+      CHECK(bit_equal(got, all));
+    }
+  }
+}
+
 TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, close to the ring's") {
   const int n = world_size(), r = world_rank();
   transport::mpi_transport t(MPI_COMM_WORLD);
@@ -113,6 +134,21 @@ TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, cl
   CHECK(same_on_every_rank(rab));
   CHECK(rel_error(rab, reference) < 1e-5);
   CHECK(rel_error(rab, ring) < 1e-5);
+  // Its messages (a length, then the bytes, into buffers kept in the
+  // workspace across calls): the same bits on every call, and the buffers
+  // keep their capacity.
+  schedule_workspace ws;
+  for (int call = 0; call < 3; ++call) {
+    vec again = x[std::size_t(r)];
+    schedule_options o{.kind = schedule_kind::rabenseifner};
+    o.workspace = &ws;
+    allreduce_linear(t, mine, std::span<float>(again), o);
+    CHECK(again == rab);
+  }
+  if (n > 1) {
+    CHECK(ws.bytes(0).capacity() > 0);  // what arrived
+    CHECK(ws.bytes(1).capacity() > 0);  // the first message sent
+  }
 }
 
 TEST_CASE("mpi schedules: the library capability sums words modulo 2^32 and takes the max") {

@@ -46,18 +46,18 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   auto seg = [&](int j) { return split.segment<float>(data, j); };
   const std::span<float> mine = seg(r);
   float_link<T> link(t, st, who, link_element(add));
-  using slot = typename float_link<T>::slot;
+  using receiver = link_window_receiver<T>;
+  const std::size_t window = o.window_chunks;
 
-  // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
+  // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order),
+  // at most options.window_chunks chunks posted per peer at once.
   scratch_floats space(o.workspace);
   const std::span<float> scratch = space.first(mine.size() * static_cast<std::size_t>(n - 1));
-  std::vector<std::vector<slot>> in(static_cast<std::size_t>(n - 1));
-  for (int k = 1; k < n; ++k) {
-    const int peer = (r + k) % n;
-    const std::span<float> into = scratch.subspan(mine.size() * std::size_t(k - 1), mine.size());
-    for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
-      in[std::size_t(k - 1)].push_back(link.post(peer, tag, link_chunk(into, chunk, c)));
-  }
+  std::vector<receiver> in;
+  in.reserve(static_cast<std::size_t>(n - 1));
+  for (int k = 1; k < n; ++k)
+    in.emplace_back(link, (r + k) % n, tag, scratch.subspan(mine.size() * std::size_t(k - 1), mine.size()), chunk,
+                    window);
   // ...and send segment j to rank j (rank r-1, r-2, ...: every rank's first sends go to different ranks).
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
@@ -68,27 +68,36 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   // fairly and arrive together. The sends of the segments given away then
   // finish (those ranges are overwritten by the all-gather) and the
   // all-gather's receives are posted before the additions start, so that...
-  for (auto& slots : in)
-    for (auto& s : slots) link.arrive(s);
+  const std::size_t chunks = link_chunks(mine.size(), chunk);
+  for (std::size_t c = 0; c < chunks; ++c)
+    for (auto& from : in) link.arrive(from.take(c));
   link.finish();
-  std::vector<std::vector<slot>> out(static_cast<std::size_t>(n - 1));
+  std::vector<receiver> out;
+  out.reserve(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
-    const std::span<float> into = seg(peer);
-    for (std::size_t c = 0; c < link_chunks(into.size(), chunk); ++c)
-      out[std::size_t(k - 1)].push_back(link.post(peer, tag2, link_chunk(into, chunk, c)));
+    out.emplace_back(link, peer, tag2, seg(peer), chunk, window);
   }
   // ...chunk c's all-gather travels while chunk c + 1 is summed: only the
   // first chunk's additions are on the critical path. The sum is own +
   // (r+1) + (r+2) + ... in that fixed order, element by element.
-  for (std::size_t c = 0; c < link_chunks(mine.size(), chunk); ++c) {
+  for (std::size_t c = 0; c < chunks; ++c) {
     const std::span<float> part = link_chunk(mine, chunk, c);
-    for (auto& slots : in) link.add_arrived(slots[c], part, add);
+    for (auto& from : in) link.add_arrived(from.at(c), part, add);
     if (o.average) schedule_average(part, n);
     for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
   }
-  for (auto& slots : out)
-    for (auto& s : slots) link.wait_into(s);
+  // Segments differ in length by one float at most, so peers' chunk counts
+  // may differ: each receiver is drained to its own count.
+  for (std::size_t c = 0;; ++c) {
+    bool any = false;
+    for (auto& from : out)
+      if (c < from.count()) {
+        link.wait_into(from.take(c));
+        any = true;
+      }
+    if (!any) break;
+  }
   link.finish();
   st.seconds = ring_seconds_since(started);
   return st;
@@ -103,7 +112,8 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// owner alone, in the order own, rank+1, rank+2, ..., and its bits copied
 /// to every rank: bit-identical on every rank. Per rank 2(N-1)/N of the
 /// vector sent in 2 latency steps, N-1 messages at once (each cut into
-/// chunks of options.chunk_elements floats), and (N-1)/N of the vector of
+/// chunks of options.chunk_elements floats, at most options.window_chunks
+/// of them posted per peer at once), and (N-1)/N of the vector of
 /// scratch (options.workspace when given: keep one across calls). The
 /// additions of chunk c + 1 overlap the all-gather of chunk c. Tags
 /// options.tag_base (reduce-scatter) and + 1 (all-gather).

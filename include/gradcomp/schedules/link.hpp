@@ -302,32 +302,76 @@ class float_link {
   std::vector<float> fallback_;
 };
 
-/// Exchanges with `peer`: sends `give` and receives as many floats as `keep`
-/// holds, adding them into `keep` (keep = keep + received), chunk by chunk,
-/// so the addition of one chunk overlaps the transfer of the next. `scratch`
-/// holds at least keep.size() floats (zero-copy receives land there).
-template <class T, class Add>
-void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> keep,
-                       std::span<float> scratch, std::size_t chunk, Add& add) {
-  const std::size_t nk = link_chunks(keep.size(), chunk), ng = link_chunks(give.size(), chunk);
-  std::vector<typename float_link<T>::slot> slots;
-  slots.reserve(nk);
-  const std::span<float> in = scratch.first(keep.size());
-  for (std::size_t c = 0; c < nk; ++c) slots.push_back(link.post(peer, tag, link_chunk(in, chunk, c)));
-  for (std::size_t c = 0; c < ng; ++c) link.send(peer, tag, link_chunk(give, chunk, c));
-  for (std::size_t c = 0; c < nk; ++c) link.wait_add(slots[c], link_chunk(keep, chunk, c), add);
+/// Chunks of a range posted at once for receipt from one peer: `window`
+/// (schedule_options::window_chunks; 0: all of them) capped at the count.
+inline std::size_t link_window(std::size_t chunks, std::size_t window) noexcept {
+  return window == 0 ? chunks : std::min(window, chunks);
 }
 
-/// Exchanges with `peer`: sends `give`, receives `take` (in place), chunk by chunk.
+/// The receives of one range from one peer, chunk by chunk, at most
+/// `window` posted at once: the next is posted as the oldest is done
+/// (schedule_options::window_chunks). Chunks are taken in order, so with
+/// MPI's in-order matching chunk c's receive meets the sender's chunk c.
+template <class T>
+class link_window_receiver {
+ public:
+  using slot = typename float_link<T>::slot;
+  /// Posts the first chunks of `into` (cut by `chunk`) from `peer` with `tag`.
+  link_window_receiver(float_link<T>& link, int peer, int tag, std::span<float> into, std::size_t chunk,
+                       std::size_t window)
+      : link_(link),
+        peer_(peer),
+        tag_(tag),
+        into_(into),
+        chunk_(chunk),
+        count_(link_chunks(into.size(), chunk)),
+        window_(link_window(count_, window)) {
+    slots_.reserve(count_);  // never reallocated: a posted slot's buffers stay where the transport writes
+    while (slots_.size() < window_) post_next();
+  }
+  std::size_t count() const noexcept { return count_; }
+  /// Chunk c's slot, with chunks c .. c + window - 1 posted (take chunks in
+  /// order, c = 0, 1, ..., and finish with chunk c before taking c + 1).
+  slot& take(std::size_t c) {
+    while (slots_.size() < std::min(count_, c + window_)) post_next();
+    return slots_[c];
+  }
+  /// Chunk c's slot, already taken (take(c) was called).
+  slot& at(std::size_t c) noexcept { return slots_[c]; }
+
+ private:
+  void post_next() {
+    const std::size_t c = slots_.size();
+    slots_.push_back(link_.post(peer_, tag_, link_chunk(into_, chunk_, c)));
+  }
+  float_link<T>& link_;
+  int peer_, tag_;
+  std::span<float> into_;
+  std::size_t chunk_, count_, window_;
+  std::vector<slot> slots_;
+};
+
+/// Exchanges with `peer`: sends `give` and receives as many floats as `keep`
+/// holds, adding them into `keep` (keep = keep + received), chunk by chunk,
+/// so the addition of one chunk overlaps the transfer of the next; at most
+/// `window` receives posted at once (link_window_receiver). `scratch` holds
+/// at least keep.size() floats (zero-copy receives land there).
+template <class T, class Add>
+void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> keep,
+                       std::span<float> scratch, std::size_t chunk, std::size_t window, Add& add) {
+  link_window_receiver<T> in(link, peer, tag, scratch.first(keep.size()), chunk, window);
+  for (std::size_t c = 0; c < link_chunks(give.size(), chunk); ++c) link.send(peer, tag, link_chunk(give, chunk, c));
+  for (std::size_t c = 0; c < in.count(); ++c) link.wait_add(in.take(c), link_chunk(keep, chunk, c), add);
+}
+
+/// Exchanges with `peer`: sends `give`, receives `take` (in place), chunk by
+/// chunk, at most `window` receives posted at once.
 template <class T>
 void link_exchange_copy(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> take,
-                        std::size_t chunk) {
-  const std::size_t nt = link_chunks(take.size(), chunk), ng = link_chunks(give.size(), chunk);
-  std::vector<typename float_link<T>::slot> slots;
-  slots.reserve(nt);
-  for (std::size_t c = 0; c < nt; ++c) slots.push_back(link.post(peer, tag, link_chunk(take, chunk, c)));
-  for (std::size_t c = 0; c < ng; ++c) link.send(peer, tag, link_chunk(give, chunk, c));
-  for (auto& s : slots) link.wait_into(s);
+                        std::size_t chunk, std::size_t window) {
+  link_window_receiver<T> in(link, peer, tag, take, chunk, window);
+  for (std::size_t c = 0; c < link_chunks(give.size(), chunk); ++c) link.send(peer, tag, link_chunk(give, chunk, c));
+  for (std::size_t c = 0; c < in.count(); ++c) link.wait_into(in.take(c));
 }
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
@@ -88,10 +89,20 @@ class schedule_workspace {
   }
   /// Floats held.
   std::size_t capacity() const noexcept { return capacity_; }
+  /// Byte buffer i of the compressed schedules' messages
+  /// (rabenseifner_allreduce_linear: what arrives, what is sent), kept with
+  /// its capacity across calls: messages of megabytes would otherwise be
+  /// fresh pages at every call (under SMPI, 47 of the 74 ms GradiVeQ's
+  /// Rabenseifner took on 64 nodes at 100 Gbit/s, docs/performance.md).
+  std::vector<std::byte>& bytes(std::size_t i) {
+    if (i >= bytes_.size()) bytes_.resize(i + 1);
+    return bytes_[i];
+  }
 
  private:
   std::unique_ptr<float[]> floats_;
   std::size_t capacity_ = 0;
+  std::vector<std::vector<std::byte>> bytes_;
 };
 
 /// Options of the all-reduce schedules.
@@ -111,6 +122,17 @@ struct schedule_options {
   /// 32768 floats = 128 KiB (at least 64 KiB, where SMPI's bandwidth factors
   /// do not reward small messages).
   std::size_t chunk_elements = 32768;
+  /// Rabenseifner and direct: the most chunks a rank keeps posted for
+  /// receipt from one peer in one exchange; the next is posted as the
+  /// oldest lands (sends are all posted at once: a large message moves only
+  /// once its receive is posted). 0: every chunk at once. This bounds the
+  /// concurrent flows a step puts on the network (under SimGrid SMPI, 64
+  /// ranks of Rabenseifner with 11.5M floats had 11,000 flows at once, and
+  /// the simulation did not finish in 500 s of real time) and the receive
+  /// requests a rank holds. It changes no addition: same bits. Default 16
+  /// chunks = 2 MiB per peer, which keeps a link busy while a chunk's
+  /// latency is up to 15 chunk transfers (100 Gbit/s at 140 us).
+  std::size_t window_chunks = 16;
   /// Hierarchical: ranks per group (consecutive ranks, e.g. the ranks under
   /// one switch or on one node). Must divide N; 0 or 1 or N: one level (the
   /// pipelined ring).

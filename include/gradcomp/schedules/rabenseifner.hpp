@@ -99,16 +99,16 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
   if (rs.size() == 1) return st;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
-  const std::size_t chunk = o.chunk_elements;
+  const std::size_t chunk = o.chunk_elements, window = o.window_chunks;
   float_link<T> link(t, st, who, link_element(add));
   scratch_floats scratch(o.workspace);
 
   // Fold: the even rank of a pair hands its vector to the odd one.
   if (rs.folded_out()) {
-    link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk);
+    link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk, window);
   } else if (rs.folds_in()) {
     link_exchange_add(link, rs.fold_partner(), tag, std::span<const float>(), data, scratch.first(data.size()), chunk,
-                      add);
+                      window, add);
   }
   // The even rank's sends read `data`, which the result overwrites: done first.
   link.finish();
@@ -126,7 +126,7 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       const int klo = lower ? lo : mid, khi = lower ? mid : hi, glo = lower ? mid : lo, ghi = lower ? hi : mid;
       const std::span<float> keep = range(klo, khi);
       link_exchange_add(link, rs.real_rank(v ^ d), tag, std::span<const float>(range(glo, ghi)), keep,
-                        scratch.first(keep.size()), chunk, add);
+                        scratch.first(keep.size()), chunk, window, add);
       lo = klo;
       hi = khi;
     }
@@ -138,16 +138,17 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       const int width = hi - lo;
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
-      link_exchange_copy(link, rs.real_rank(v ^ d), tag2, std::span<const float>(range(lo, hi)), range(plo, phi), chunk);
+      link_exchange_copy(link, rs.real_rank(v ^ d), tag2, std::span<const float>(range(lo, hi)), range(plo, phi), chunk,
+                         window);
       lo = lower ? lo : plo;
       hi = lower ? phi : hi;
     }
   }
   // Unfold: the odd rank of a pair returns the result.
   if (rs.folds_in())
-    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(data), std::span<float>(), chunk);
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(data), std::span<float>(), chunk, window);
   else if (rs.folded_out())
-    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(), data, chunk);
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(), data, chunk, window);
   link.finish();
   st.seconds = ring_seconds_since(started);
   return st;
