@@ -4,7 +4,7 @@
 //
 //   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
 //       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>] [--group G]
-//       [--chunk FLOATS] [--window CHUNKS]   (schedule_options::chunk_elements, window_chunks; defaults the library's)
+//       [--chunk FLOATS] [--max-chunks K]   (schedule_options::chunk_elements, max_chunks; defaults the library's)
 //   smpirun -np 2 -platform P2.xml ... bench_smpi_allreduce --model N:floats,...   (the cost model's fit and picks)
 //   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
 //   bench_smpi_allreduce --list                                           (the methods, no MPI)
@@ -112,8 +112,9 @@ struct context {
   int rank = 0, size = 1;
   int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
   std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
-  std::size_t window = gradcomp::schedule_options{}.window_chunks;  // --window: chunks posted per peer (0: all)
+  std::size_t max_chunks = gradcomp::schedule_options{}.max_chunks;  // --max-chunks: messages per exchange (0: no cap)
   gradcomp::schedule_workspace workspace;  // the schedules' receive scratch, kept across calls as the exchange keeps it
+  gradcomp::ring_stats stats;  // the dense schedules' statistics, summed over the timed run's buckets
 };
 
 /// gradcomp's schedule `kind` (chunks of 32768 floats = 128 KiB, >= 64 KB) over one span.
@@ -122,10 +123,16 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   o.kind = kind;
   o.group_size = c.group;
   o.chunk_elements = c.chunk;
-  o.window_chunks = c.window;
+  o.max_chunks = c.max_chunks;
   o.workspace = &c.workspace;
-  if (kind == gradcomp::schedule_kind::ring) gradcomp::ring_allreduce(policy{}, c.transport, x);
-  else gradcomp::allreduce(policy{}, c.transport, x, o);
+  if (kind == gradcomp::schedule_kind::ring) {  // ring_allreduce keeps no statistics
+    gradcomp::ring_allreduce(policy{}, c.transport, x);
+    return;
+  }
+  const gradcomp::ring_stats st = gradcomp::allreduce(policy{}, c.transport, x, o);
+  c.stats.messages_sent += st.messages_sent;
+  c.stats.combine_seconds += st.combine_seconds;
+  c.stats.wait_seconds += st.wait_seconds;
 }
 
 /// One method's state over the buckets of one gradient: step() all-reduces every bucket once.
@@ -431,7 +438,7 @@ int fit_model(const std::string& grid) {
 int main(int argc, char** argv) {
   std::string method_name, spec = "resnet50", label, model_grid;
   int repeats = 1, group = 0;
-  std::size_t chunk = 32768, window = gradcomp::schedule_options{}.window_chunks;
+  std::size_t chunk = 32768, max_chunks = gradcomp::schedule_options{}.max_chunks;
   bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
   for (int i = 1; i < argc; ++i) {
@@ -443,7 +450,7 @@ int main(int argc, char** argv) {
     else if (a == "--label") label = next();
     else if (a == "--group") group = std::atoi(next().c_str());
     else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
-    else if (a == "--window") window = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--max-chunks") max_chunks = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
     else if (a == "--list") list = true;
@@ -463,7 +470,7 @@ int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
   if (do_model) return fit_model(model_grid);
   mpi_transport transport(MPI_COMM_WORLD);
-  context c{transport, transport.rank(), transport.size(), group, chunk, window, {}};
+  context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, {}};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());
@@ -483,6 +490,7 @@ int main(int argc, char** argv) {
   double best = 1e300;
   for (int it = -1; it < repeats; ++it) {
     for (std::size_t i = 0; i < buckets.size(); ++i) fill_gradient(buckets[i], c.rank, i);
+    c.stats = {};
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     r->step(buckets);
@@ -493,6 +501,13 @@ int main(int argc, char** argv) {
   unsigned long long h = checksum(buckets), hmin = 0, hmax = 0;
   MPI_Allreduce(&h, &hmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  // The dense schedules' statistics of the last run (real CPU time of the
+  // additions, as SMPI charges it; messages sent), the largest over the ranks.
+  double add_cpu = 0, messages = 0;
+  const double mine_add = c.stats.combine_seconds, mine_msgs = double(c.stats.messages_sent);
+  MPI_Allreduce(&mine_add, &add_cpu, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine_msgs, &messages, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (c.rank == 0) std::printf("SMPI_STATS add_cpu_seconds_max=%.6g messages_max=%.0f\n", add_cpu, messages);
   if (c.rank == 0)
     std::printf("SMPI_RUN method=%s label=%s codec=%s schedule=%s nodes=%d gradient=%s floats=%zu compressible=%zu "
                 "buckets=%zu repeats=%d seconds=%.9g identical=%d\n",

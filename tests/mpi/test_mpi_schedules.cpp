@@ -5,7 +5,7 @@
 // library capability (float sum, words, max); a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
 // cells travel packed (2 bytes each) with the same bits; Rabenseifner and
-// direct give the same bits with any receive window; and a rank waiting for
+// direct give the same bits with any max_chunks; and a rank waiting for
 // a late peer does not spin a core yet honours its deadline.
 #include <doctest/doctest.h>
 
@@ -100,7 +100,7 @@ TEST_CASE("mpi schedules: the pipelined ring is the ring bit for bit") {
   CHECK(bit_equal(a, b));
 }
 
-TEST_CASE("mpi schedules: Rabenseifner and direct give the same bits with any receive window") {
+TEST_CASE("mpi schedules: Rabenseifner and direct give the same bits with any cap on the messages per exchange") {
   const int n = world_size(), r = world_rank();
   transport::mpi_transport t(MPI_COMM_WORLD);
   const auto x = inputs(n, 30011, 8);
@@ -108,13 +108,13 @@ TEST_CASE("mpi schedules: Rabenseifner and direct give the same bits with any re
     const std::string kind_name = to_string(kind);
     CAPTURE(kind_name);
     vec all = x[std::size_t(r)];
-    allreduce(t, std::span<float>(all), {.kind = kind, .chunk_elements = 256, .window_chunks = 0});
+    allreduce(t, std::span<float>(all), {.kind = kind, .chunk_elements = 256, .max_chunks = 0});
     CHECK(same_on_every_rank(all));
     CHECK(max_rel(all, exact_sum(x)) < 1e-5);
     for (std::size_t w : {1, 2, 7}) {
       CAPTURE(w);
       vec got = x[std::size_t(r)];
-      allreduce(t, std::span<float>(got), {.kind = kind, .chunk_elements = 256, .window_chunks = w});
+      allreduce(t, std::span<float>(got), {.kind = kind, .chunk_elements = 256, .max_chunks = w});
       CHECK(bit_equal(got, all));
     }
   }

@@ -57,7 +57,7 @@ class auto_collectives {
   void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
     const schedule_decision& d = decide(t, data.size(), e, tag + 2);
     schedule_options so{.kind = d.kind, .chunk_elements = model_.chunk_elements, .group_size = model_.group_size};
-    so.window_chunks = model_.window_chunks;
+    so.max_chunks = model_.max_chunks;
     so.workspace = &workspace_;
     detail::schedule_sum<Policy>(t, data, e, tag, c, so);
   }
@@ -141,7 +141,7 @@ class auto_collectives {
     m.message_overhead_s = md[5];
     m.group_size = static_cast<int>(mi[0]);
     m.chunk_elements = static_cast<std::size_t>(mi[1]);
-    m.window_chunks = model_.window_chunks;  // a setting of this process, not agreed state: changes no bit
+    m.max_chunks = model_.max_chunks;  // a setting of this process, not agreed state: changes no bit
     std::vector<round_schedule> ds;
     for (std::int64_t i = 0; i < mi[3]; ++i) {
       round_schedule r;

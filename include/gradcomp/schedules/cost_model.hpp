@@ -53,10 +53,9 @@ struct cost_model {
   double message_overhead_s = 2e-6;    ///< CPU time per extra message of a chunked hop (s)
   int group_size = 0;                  ///< hierarchical groups (0: none, the hierarchical schedule is not priced)
   std::size_t chunk_elements = 32768;  ///< chunk of the pipelined schedules (floats)
-  /// Rabenseifner's receive window (schedule_options::window_chunks; 0: all
-  /// chunks at once): with W chunks in flight a hop moves at most W chunks
-  /// per (alpha + one chunk's wire time).
-  std::size_t window_chunks = 16;
+  /// Rabenseifner and direct: the most messages per exchange
+  /// (schedule_options::max_chunks; 0: no cap): chunks grow to keep to it.
+  std::size_t max_chunks = 8;
   /// Price the direct schedule (N-1 concurrent flows into each port): only
   /// on a non-blocking switch whose ports share their rate fairly among
   /// flows (a flat cluster; off by default: incast and oversubscription
@@ -76,16 +75,13 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// A hop moving `bytes` and adding `adds` elements, in chunks (receive, add
 /// and send overlap: the slower of the two plus one chunk of the other).
-/// `windowed`: at most m.window_chunks chunks in flight, so the wire moves
-/// no faster than W chunks per (alpha + one chunk's wire time).
+/// `capped`: at most m.max_chunks chunks (they grow instead).
 inline double cost_hop(const link_cost& l, double bytes, double adds, const cost_model& m, bool pipelined,
-                       bool windowed = false) {
-  double wire = bytes * l.seconds_per_byte;
-  const double add = adds * m.add_s;
+                       bool capped = false) {
+  const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
   const double elems = std::max(adds, bytes / 4.0);
-  const double k = pipelined && m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
-  const double w = double(m.window_chunks);
-  if (windowed && w > 0.0 && k > w) wire = std::max(wire, k * (l.latency_s + wire / k) / w);
+  double k = pipelined && m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
+  if (capped && m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
   if (k <= 1.0) return l.latency_s + wire + add;
   return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s;
 }
@@ -104,8 +100,8 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///  ring            2(N-1) hops of s = m/N floats (m = elements x wire_ratio): (N-1)(alpha + 4s beta + s gamma) + (N-1)(alpha + 4s beta)
 ///  pipelined_ring  the same hops in chunks: max(4s beta, s gamma) + min(...)/k + (k-1) overhead (dense only)
 ///  rabenseifner    log2 p halving hops of m/2, m/4, ... (added), log2 p doubling hops, and for N != p
-///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta); dense hops in chunks
-///                  with at most W = window_chunks in flight: wire time at least k (alpha + 4 beta m_hop / k) / W
+///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta); dense hops in at most
+///                  max_chunks chunks
 ///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
 ///                  across groups, then (g-1) all-gather hops inside (dense; 1 < g < N, g | N)
 ///  direct          two phases of N-1 concurrent messages of m/N (one link's worth: (N-1)/N m, wire w):
@@ -156,7 +152,8 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       if (p.compressed || !m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
       const double wire = 4.0 * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
-      const double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(mfl / n / double(m.chunk_elements))) : 1.0;
+      double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(mfl / n / double(m.chunk_elements))) : 1.0;
+      if (m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
       return (m.inter.latency_s + wire) +

@@ -41,63 +41,51 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
   if (n == 1) return st;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
-  const std::size_t chunk = o.chunk_elements;
   const ring_schedule split(r, n, data.size());
   auto seg = [&](int j) { return split.segment<float>(data, j); };
   const std::span<float> mine = seg(r);
   float_link<T> link(t, st, who, link_element(add));
-  using receiver = link_window_receiver<T>;
-  const std::size_t window = o.window_chunks;
+  using slot = typename float_link<T>::slot;
+  // A segment goes as at most options.max_chunks messages (chunks of at least chunk_elements floats).
+  const auto chunk_of = [&](std::size_t elements) { return link_chunk_size(elements, o.chunk_elements, o.max_chunks); };
+  const std::size_t mc = chunk_of(mine.size());
 
-  // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order),
-  // at most options.window_chunks chunks posted per peer at once.
+  // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
   scratch_floats space(o.workspace);
   const std::span<float> scratch = space.first(mine.size() * static_cast<std::size_t>(n - 1));
-  std::vector<receiver> in;
+  std::vector<std::vector<slot>> in;
   in.reserve(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k)
-    in.emplace_back(link, (r + k) % n, tag, scratch.subspan(mine.size() * std::size_t(k - 1), mine.size()), chunk,
-                    window);
+    in.push_back(link_post_chunks(link, (r + k) % n, tag, scratch.subspan(mine.size() * std::size_t(k - 1), mine.size()), mc));
   // ...and send segment j to rank j (rank r-1, r-2, ...: every rank's first sends go to different ranks).
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
-    const std::span<const float> x = seg(peer);
-    for (std::size_t c = 0; c < link_chunks(x.size(), chunk); ++c) link.send(peer, tag, link_chunk(x, chunk, c));
+    link_send_chunks(link, peer, tag, std::span<const float>(seg(peer)), chunk_of(seg(peer).size()));
   }
   // Every copy of my segment lands before any is added: they share my port
   // fairly and arrive together. The sends of the segments given away then
   // finish (those ranges are overwritten by the all-gather) and the
   // all-gather's receives are posted before the additions start, so that...
-  const std::size_t chunks = link_chunks(mine.size(), chunk);
-  for (std::size_t c = 0; c < chunks; ++c)
-    for (auto& from : in) link.arrive(from.take(c));
+  for (auto& slots : in)
+    for (auto& s : slots) link.arrive(s);
   link.finish();
-  std::vector<receiver> out;
+  std::vector<std::vector<slot>> out;
   out.reserve(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
-    out.emplace_back(link, peer, tag2, seg(peer), chunk, window);
+    out.push_back(link_post_chunks(link, peer, tag2, seg(peer), chunk_of(seg(peer).size())));
   }
   // ...chunk c's all-gather travels while chunk c + 1 is summed: only the
   // first chunk's additions are on the critical path. The sum is own +
   // (r+1) + (r+2) + ... in that fixed order, element by element.
-  for (std::size_t c = 0; c < chunks; ++c) {
-    const std::span<float> part = link_chunk(mine, chunk, c);
-    for (auto& from : in) link.add_arrived(from.at(c), part, add);
+  for (std::size_t c = 0; c < link_chunks(mine.size(), mc); ++c) {
+    const std::span<float> part = link_chunk(mine, mc, c);
+    for (auto& slots : in) link.add_arrived(slots[c], part, add);
     if (o.average) schedule_average(part, n);
     for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
   }
-  // Segments differ in length by one float at most, so peers' chunk counts
-  // may differ: each receiver is drained to its own count.
-  for (std::size_t c = 0;; ++c) {
-    bool any = false;
-    for (auto& from : out)
-      if (c < from.count()) {
-        link.wait_into(from.take(c));
-        any = true;
-      }
-    if (!any) break;
-  }
+  for (auto& slots : out)
+    for (auto& s : slots) link.wait_into(s);
   link.finish();
   st.seconds = ring_seconds_since(started);
   return st;
@@ -112,8 +100,8 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// owner alone, in the order own, rank+1, rank+2, ..., and its bits copied
 /// to every rank: bit-identical on every rank. Per rank 2(N-1)/N of the
 /// vector sent in 2 latency steps, N-1 messages at once (each cut into
-/// chunks of options.chunk_elements floats, at most options.window_chunks
-/// of them posted per peer at once), and (N-1)/N of the vector of
+/// chunks of options.chunk_elements floats, grown so that a segment goes as
+/// at most options.max_chunks messages), and (N-1)/N of the vector of
 /// scratch (options.workspace when given: keep one across calls). The
 /// additions of chunk c + 1 overlap the all-gather of chunk c. Tags
 /// options.tag_base (reduce-scatter) and + 1 (all-gather).

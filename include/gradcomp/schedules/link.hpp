@@ -302,76 +302,55 @@ class float_link {
   std::vector<float> fallback_;
 };
 
-/// Chunks of a range posted at once for receipt from one peer: `window`
-/// (schedule_options::window_chunks; 0: all of them) capped at the count.
-inline std::size_t link_window(std::size_t chunks, std::size_t window) noexcept {
-  return window == 0 ? chunks : std::min(window, chunks);
+/// The chunk size of a range of `elements` floats exchanged with one peer:
+/// `chunk` floats (0: one message), grown so that the range goes as at most
+/// `max_chunks` messages (schedule_options::max_chunks; 0: no cap). Sender
+/// and receiver compute it from the same range size, so they agree.
+inline std::size_t link_chunk_size(std::size_t elements, std::size_t chunk, std::size_t max_chunks) noexcept {
+  if (chunk == 0 || max_chunks == 0) return chunk;
+  return std::max(chunk, (elements + max_chunks - 1) / max_chunks);
 }
 
-/// The receives of one range from one peer, chunk by chunk, at most
-/// `window` posted at once: the next is posted as the oldest is done
-/// (schedule_options::window_chunks). Chunks are taken in order, so with
-/// MPI's in-order matching chunk c's receive meets the sender's chunk c.
+/// Posts the receives of `into` from `peer`, one per chunk of `chunk` floats.
 template <class T>
-class link_window_receiver {
- public:
-  using slot = typename float_link<T>::slot;
-  /// Posts the first chunks of `into` (cut by `chunk`) from `peer` with `tag`.
-  link_window_receiver(float_link<T>& link, int peer, int tag, std::span<float> into, std::size_t chunk,
-                       std::size_t window)
-      : link_(link),
-        peer_(peer),
-        tag_(tag),
-        into_(into),
-        chunk_(chunk),
-        count_(link_chunks(into.size(), chunk)),
-        window_(link_window(count_, window)) {
-    slots_.reserve(count_);  // never reallocated: a posted slot's buffers stay where the transport writes
-    while (slots_.size() < window_) post_next();
-  }
-  std::size_t count() const noexcept { return count_; }
-  /// Chunk c's slot, with chunks c .. c + window - 1 posted (take chunks in
-  /// order, c = 0, 1, ..., and finish with chunk c before taking c + 1).
-  slot& take(std::size_t c) {
-    while (slots_.size() < std::min(count_, c + window_)) post_next();
-    return slots_[c];
-  }
-  /// Chunk c's slot, already taken (take(c) was called).
-  slot& at(std::size_t c) noexcept { return slots_[c]; }
+std::vector<typename float_link<T>::slot> link_post_chunks(float_link<T>& link, int peer, int tag, std::span<float> into,
+                                                           std::size_t chunk) {
+  std::vector<typename float_link<T>::slot> slots;
+  const std::size_t n = link_chunks(into.size(), chunk);
+  slots.reserve(n);  // never reallocated while posted: a slot's buffers stay where the transport writes
+  for (std::size_t c = 0; c < n; ++c) slots.push_back(link.post(peer, tag, link_chunk(into, chunk, c)));
+  return slots;
+}
 
- private:
-  void post_next() {
-    const std::size_t c = slots_.size();
-    slots_.push_back(link_.post(peer_, tag_, link_chunk(into_, chunk_, c)));
-  }
-  float_link<T>& link_;
-  int peer_, tag_;
-  std::span<float> into_;
-  std::size_t chunk_, count_, window_;
-  std::vector<slot> slots_;
-};
+/// Sends `x` to `peer` as chunks of `chunk` floats.
+template <class T>
+void link_send_chunks(float_link<T>& link, int peer, int tag, std::span<const float> x, std::size_t chunk) {
+  for (std::size_t c = 0; c < link_chunks(x.size(), chunk); ++c) link.send(peer, tag, link_chunk(x, chunk, c));
+}
 
 /// Exchanges with `peer`: sends `give` and receives as many floats as `keep`
-/// holds, adding them into `keep` (keep = keep + received), chunk by chunk,
-/// so the addition of one chunk overlaps the transfer of the next; at most
-/// `window` receives posted at once (link_window_receiver). `scratch` holds
-/// at least keep.size() floats (zero-copy receives land there).
+/// holds, adding them into `keep` (keep = keep + received), in chunks of
+/// link_chunk_size(size, chunk, max_chunks) floats (at most max_chunks
+/// messages each way), every receive posted at once; chunk c is added while
+/// later chunks travel. `scratch` holds at least keep.size() floats
+/// (zero-copy receives land there).
 template <class T, class Add>
 void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> keep,
-                       std::span<float> scratch, std::size_t chunk, std::size_t window, Add& add) {
-  link_window_receiver<T> in(link, peer, tag, scratch.first(keep.size()), chunk, window);
-  for (std::size_t c = 0; c < link_chunks(give.size(), chunk); ++c) link.send(peer, tag, link_chunk(give, chunk, c));
-  for (std::size_t c = 0; c < in.count(); ++c) link.wait_add(in.take(c), link_chunk(keep, chunk, c), add);
+                       std::span<float> scratch, std::size_t chunk, std::size_t max_chunks, Add& add) {
+  const std::size_t kc = link_chunk_size(keep.size(), chunk, max_chunks);
+  auto slots = link_post_chunks(link, peer, tag, scratch.first(keep.size()), kc);
+  link_send_chunks(link, peer, tag, give, link_chunk_size(give.size(), chunk, max_chunks));
+  for (std::size_t c = 0; c < slots.size(); ++c) link.wait_add(slots[c], link_chunk(keep, kc, c), add);
 }
 
-/// Exchanges with `peer`: sends `give`, receives `take` (in place), chunk by
-/// chunk, at most `window` receives posted at once.
+/// Exchanges with `peer`: sends `give`, receives `take` (in place), in
+/// chunks as link_exchange_add.
 template <class T>
 void link_exchange_copy(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> take,
-                        std::size_t chunk, std::size_t window) {
-  link_window_receiver<T> in(link, peer, tag, take, chunk, window);
-  for (std::size_t c = 0; c < link_chunks(give.size(), chunk); ++c) link.send(peer, tag, link_chunk(give, chunk, c));
-  for (std::size_t c = 0; c < in.count(); ++c) link.wait_into(in.take(c));
+                        std::size_t chunk, std::size_t max_chunks) {
+  auto slots = link_post_chunks(link, peer, tag, take, link_chunk_size(take.size(), chunk, max_chunks));
+  link_send_chunks(link, peer, tag, give, link_chunk_size(give.size(), chunk, max_chunks));
+  for (auto& s : slots) link.wait_into(s);
 }
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -122,17 +122,22 @@ struct schedule_options {
   /// 32768 floats = 128 KiB (at least 64 KiB, where SMPI's bandwidth factors
   /// do not reward small messages).
   std::size_t chunk_elements = 32768;
-  /// Rabenseifner and direct: the most chunks a rank keeps posted for
-  /// receipt from one peer in one exchange; the next is posted as the
-  /// oldest lands (sends are all posted at once: a large message moves only
-  /// once its receive is posted). 0: every chunk at once. This bounds the
-  /// concurrent flows a step puts on the network (under SimGrid SMPI, 64
-  /// ranks of Rabenseifner with 11.5M floats had 11,000 flows at once, and
-  /// the simulation did not finish in 500 s of real time) and the receive
-  /// requests a rank holds. It changes no addition: same bits. Default 16
-  /// chunks = 2 MiB per peer, which keeps a link busy while a chunk's
-  /// latency is up to 15 chunk transfers (100 Gbit/s at 140 us).
-  std::size_t window_chunks = 16;
+  /// Rabenseifner and direct: the most messages a range exchanged with one
+  /// peer is cut into; chunks grow beyond chunk_elements to keep to it
+  /// (Rabenseifner: its first step's half of the vector, one chunk size for
+  /// every step; direct: a segment). 0: no cap. Every receive of an exchange
+  /// is posted at once, so this bounds the concurrent flows a step puts on
+  /// the network and the requests a rank holds: under SimGrid SMPI, 64 ranks
+  /// of Rabenseifner over 11.5M floats in 128 KiB chunks were 11,000
+  /// concurrent flows, which its solver did not get through in 500 s of real
+  /// time. A cap, not a window of chunks in flight refilled as they land:
+  /// messages between two ranks that share a link progress together and
+  /// land together, so such a window drains and pays a latency per round
+  /// (104 ms against 87 for whole messages, same platform). Fewer messages
+  /// also cost less CPU per call; more hide more of the additions behind
+  /// the transfers. 8 was the fastest measured there (88-89 ms; 4: 89, 16:
+  /// 94-96, 32: 91; docs/performance.md). Changes no addition: the same bits.
+  std::size_t max_chunks = 8;
   /// Hierarchical: ranks per group (consecutive ranks, e.g. the ranks under
   /// one switch or on one node). Must divide N; 0 or 1 or N: one level (the
   /// pipelined ring).

@@ -10,6 +10,7 @@
 /// Also the bookkeeping the compressed form (rabenseifner_linear.hpp) shares.
 /// Part of <gradcomp/schedules.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -89,6 +90,41 @@ inline std::vector<std::size_t> rabenseifner_float_bounds(std::size_t length, in
   return b;
 }
 
+/// A piece of the vector: floats [begin, begin + size).
+struct rabenseifner_piece {
+  std::size_t begin = 0, size = 0;
+};
+
+/// The chunks of blocks [lo, hi) in the order they travel at halving step k
+/// (rabenseifner_impl): the half its receiver gives away at step k + 1 first,
+/// itself laid out as step k + 1 sends it, then the half the receiver keeps,
+/// in chunks of `cs` floats (0: one message per half). The receiver is v XOR
+/// d_k, whose bits below d_k are v's, so sender and receiver lay out the
+/// same range the same way; and the receiver's first pieces are exactly what
+/// it sends on at step k + 1, so it can forward each as soon as it is summed.
+inline void rabenseifner_layout(const rabenseifner_schedule& rs, int v, int k, int lo, int hi,
+                                const std::vector<std::size_t>& b, std::size_t cs, std::vector<rabenseifner_piece>& out) {
+  const auto plain = [&](int a, int z) {
+    const std::size_t begin = b[std::size_t(a)], size = b[std::size_t(z)] - begin;
+    for (std::size_t c = 0; c < link_chunks(size, cs); ++c) {
+      const std::size_t at = cs == 0 ? 0 : c * cs;
+      out.push_back({begin + at, cs == 0 ? size : std::min(cs, size - at)});
+    }
+  };
+  if (k + 1 >= rs.steps() || cs == 0) {  // the last step, or one message per step: one piece
+    plain(lo, hi);
+    return;
+  }
+  const int mid = lo + (hi - lo) / 2;
+  if ((v & rs.halving_distance(k + 1)) == 0) {  // keeps the lower half at step k + 1: gives the upper
+    rabenseifner_layout(rs, v, k + 1, mid, hi, b, cs, out);
+    plain(lo, mid);
+  } else {
+    rabenseifner_layout(rs, v, k + 1, lo, mid, b, cs, out);
+    plain(mid, hi);
+  }
+}
+
 /// Rabenseifner's all-reduce with an explicit addition (see rabenseifner_allreduce).
 template <class T, class Add>
 ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options& o, Add& add) {
@@ -99,16 +135,16 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
   if (rs.size() == 1) return st;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
-  const std::size_t chunk = o.chunk_elements, window = o.window_chunks;
+  const std::size_t chunk = o.chunk_elements, max_chunks = o.max_chunks;
   float_link<T> link(t, st, who, link_element(add));
   scratch_floats scratch(o.workspace);
 
   // Fold: the even rank of a pair hands its vector to the odd one.
   if (rs.folded_out()) {
-    link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk, window);
+    link_exchange_copy(link, rs.fold_partner(), tag, std::span<const float>(data), std::span<float>(), chunk, max_chunks);
   } else if (rs.folds_in()) {
     link_exchange_add(link, rs.fold_partner(), tag, std::span<const float>(), data, scratch.first(data.size()), chunk,
-                      window, add);
+                      max_chunks, add);
   }
   // The even rank's sends read `data`, which the result overwrites: done first.
   link.finish();
@@ -118,17 +154,68 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
     const int p = rs.blocks();
     const std::vector<std::size_t> b = rabenseifner_float_bounds(data.size(), p);
     auto range = [&](int lo, int hi) { return data.subspan(b[std::size_t(lo)], b[std::size_t(hi)] - b[std::size_t(lo)]); };
+    // Recursive halving: at step k (distance d) keep half of the current
+    // block range, send the other half to v XOR d, add what comes back.
+    // Each step's pieces travel in rabenseifner_layout's order, so the
+    // pieces summed first are those given away at step k + 1, and each is
+    // sent on as soon as it is summed: step k + 1's transfer starts while
+    // step k's additions go on (a simulated network such as SMPI's shares a
+    // link fairly among a step's messages, which then land together, so
+    // without this every addition would follow its step's transfer). Step
+    // k + 1's receives are posted before step k's additions start; steps
+    // receive into alternate halves of the scratch. Same additions in the
+    // same order for every element: the bits do not depend on the layout.
+    using slot = typename float_link<T>::slot;
+    struct halving_step {
+      int partner = 0, klo = 0, khi = 0;
+      std::vector<rabenseifner_piece> keep, give;  // what arrives, what is sent (layout order)
+      std::vector<slot> slots;
+    };
+    const int steps = rs.steps();
+    // One chunk size for every step: the first step's half of the vector goes
+    // as at most max_chunks messages (plus the pieces' remainders); later
+    // steps move less in chunks of the same size.
+    const std::size_t cs = link_chunk_size(b[std::size_t(p)] - b[std::size_t(p / 2)], chunk, max_chunks);
+    std::vector<halving_step> plan(static_cast<std::size_t>(steps));
     int lo = 0, hi = p;
-    // Recursive halving: keep half, send the other half, add what comes back.
-    for (int k = 0; k < rs.steps(); ++k) {
+    for (int k = 0; k < steps; ++k) {
       const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2;
       const bool lower = (v & d) == 0;
-      const int klo = lower ? lo : mid, khi = lower ? mid : hi, glo = lower ? mid : lo, ghi = lower ? hi : mid;
-      const std::span<float> keep = range(klo, khi);
-      link_exchange_add(link, rs.real_rank(v ^ d), tag, std::span<const float>(range(glo, ghi)), keep,
-                        scratch.first(keep.size()), chunk, window, add);
-      lo = klo;
-      hi = khi;
+      halving_step& h = plan[std::size_t(k)];
+      h.partner = rs.real_rank(v ^ d);
+      h.klo = lower ? lo : mid;
+      h.khi = lower ? mid : hi;
+      rabenseifner_layout(rs, v, k, h.klo, h.khi, b, cs, h.keep);
+      rabenseifner_layout(rs, v, k, lower ? mid : lo, lower ? hi : mid, b, cs, h.give);
+      lo = h.klo;
+      hi = h.khi;
+    }
+    const std::span<float> space = scratch.first(data.size());
+    const std::size_t second_area = steps > 0 ? b[std::size_t(plan[0].khi)] - b[std::size_t(plan[0].klo)] : 0;
+    auto post_step = [&](int k) {
+      halving_step& h = plan[std::size_t(k)];
+      const std::size_t area = k % 2 == 0 ? 0 : second_area, base = b[std::size_t(h.klo)];
+      h.slots.reserve(h.keep.size());  // never reallocated while posted
+      for (const auto& pc : h.keep)
+        h.slots.push_back(link.post(h.partner, tag, space.subspan(area + (pc.begin - base), pc.size)));
+    };
+    auto piece = [&](const rabenseifner_piece& pc) { return data.subspan(pc.begin, pc.size); };
+    const bool forwarding = cs != 0;  // chunk_elements 0: one message per step, nothing to forward early
+    if (steps > 0) post_step(0);
+    for (int k = 0; k < steps; ++k) {
+      halving_step& h = plan[std::size_t(k)];
+      const bool last = k + 1 == steps;
+      if (k == 0 || !forwarding)
+        for (const auto& pc : h.give) link.send(h.partner, tag, std::span<const float>(piece(pc)));
+      if (!last) post_step(k + 1);
+      // h.keep begins with the pieces of plan[k + 1].give, the same ones in the same order.
+      const std::size_t forward = last || !forwarding ? 0 : plan[std::size_t(k + 1)].give.size();
+      for (std::size_t c = 0; c < h.keep.size(); ++c) {
+        const std::span<float> acc = piece(h.keep[c]);
+        link.wait_add(h.slots[c], acc, add);
+        if (c < forward) link.send(plan[std::size_t(k + 1)].partner, tag, std::span<const float>(acc));
+      }
+      h.slots.clear();
     }
     // Every block given away is overwritten by the doubling: its sends finish first.
     link.finish();
@@ -139,16 +226,16 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
       link_exchange_copy(link, rs.real_rank(v ^ d), tag2, std::span<const float>(range(lo, hi)), range(plo, phi), chunk,
-                         window);
+                         max_chunks);
       lo = lower ? lo : plo;
       hi = lower ? phi : hi;
     }
   }
   // Unfold: the odd rank of a pair returns the result.
   if (rs.folds_in())
-    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(data), std::span<float>(), chunk, window);
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(data), std::span<float>(), chunk, max_chunks);
   else if (rs.folded_out())
-    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(), data, chunk, window);
+    link_exchange_copy(link, rs.fold_partner(), tag2, std::span<const float>(), data, chunk, max_chunks);
   link.finish();
   st.seconds = ring_seconds_since(started);
   return st;
@@ -163,8 +250,9 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// exactly one rank, its block's owner, and the finished bits are copied to
 /// every other rank: bit-identical on every rank. Per rank about 2 log2(p)
 /// latency steps and 2 (p-1)/p of the vector sent (plus the whole vector
-/// once for the folded pairs when N is not a power of two). Messages of at
-/// most options.chunk_elements floats; tags options.tag_base (fold and
+/// once for the folded pairs when N is not a power of two). A step's range
+/// goes as chunks of options.chunk_elements floats, grown so that there are
+/// at most options.max_chunks of them, all posted at once; tags options.tag_base (fold and
 /// halving) and + 1 (doubling and unfold). A length below p leaves blocks
 /// empty (empty messages). Errors: a message of the wrong length is a
 /// transport_error naming both ranks; transport errors propagate.

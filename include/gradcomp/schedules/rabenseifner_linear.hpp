@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -24,6 +26,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring/linear.hpp>
 #include <gradcomp/ring/stats.hpp>
+#include <gradcomp/schedules/link.hpp>
 #include <gradcomp/schedules/options.hpp>
 #include <gradcomp/schedules/rabenseifner.hpp>
 #include <gradcomp/wire.hpp>
@@ -33,11 +36,12 @@ namespace gradcomp {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
-/// Concatenates serialized payloads, each preceded by its length (a native uint64).
-inline std::vector<std::byte> schedule_pack(std::span<const std::vector<std::byte>> parts) {
+/// Concatenates serialized payloads, each preceded by its length (a native
+/// uint64), into `out` (resized; its capacity is reused).
+inline void schedule_pack(std::span<const std::vector<std::byte>> parts, std::vector<std::byte>& out) {
   std::size_t total = 0;
   for (const auto& p : parts) total += sizeof(std::uint64_t) + p.size();
-  std::vector<std::byte> out(total);
+  out.resize(total);
   std::size_t at = 0;
   for (const auto& p : parts) {
     const std::uint64_t len = p.size();
@@ -46,13 +50,12 @@ inline std::vector<std::byte> schedule_pack(std::span<const std::vector<std::byt
     if (!p.empty()) std::memcpy(out.data() + at, p.data(), p.size());
     at += p.size();
   }
-  return out;
 }
 
-/// Splits schedule_pack's bytes into exactly `count` parts; transport_error if malformed.
-inline std::vector<std::vector<std::byte>> schedule_unpack(std::span<const std::byte> in, std::size_t count,
-                                                           const std::string& where) {
-  std::vector<std::vector<std::byte>> parts(count);
+/// Views of schedule_pack's bytes as exactly `count` parts (no copy); transport_error if malformed.
+inline std::vector<std::span<const std::byte>> schedule_unpack(std::span<const std::byte> in, std::size_t count,
+                                                               const std::string& where) {
+  std::vector<std::span<const std::byte>> parts(count);
   std::size_t at = 0;
   for (auto& p : parts) {
     std::uint64_t len = 0;
@@ -60,12 +63,133 @@ inline std::vector<std::vector<std::byte>> schedule_unpack(std::span<const std::
     std::memcpy(&len, in.data() + at, sizeof len);
     at += sizeof len;
     if (len > in.size() - at) throw transport_error(where + ": truncated list of block payloads");
-    p.assign(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + len));
+    p = in.subspan(at, static_cast<std::size_t>(len));
     at += static_cast<std::size_t>(len);
   }
   if (at != in.size()) throw transport_error(where + ": trailing bytes after the block payloads");
   return parts;
 }
+
+/// The messages of the compressed schedules, whose length the receiver
+/// does not know in advance. A moving transport receives them whole
+/// (irecv). A ZeroCopyTransport (MPI) gets each as two: its length (8
+/// bytes, a native uint64) and then the bytes, received into one buffer kept
+/// for the call, with receives posted before the data is due: an MPI that
+/// must probe for an unknown length instead (SimGrid's SMPI, without a
+/// matched probe) charges simulated time per probe that grows while it
+/// waits, and a receive posted only after the probe holds a large message
+/// back until then.
+template <class T>
+class linear_mailbox {
+ public:
+  static constexpr bool zero_copy = ZeroCopyTransport<T>;
+  using send_handle = std::conditional_t<zero_copy, typename link_handles<T>::send,
+                                         decltype(std::declval<T&>().isend(0, 0, std::vector<std::byte>{}))>;
+  using recv_handle = std::conditional_t<zero_copy, typename link_handles<T>::recv,
+                                         decltype(std::declval<T&>().irecv(0, 0))>;
+
+  /// A message on its way in: post it with expect(), then arm() (zero-copy:
+  /// waits for the length and posts the receive of the bytes), then collect().
+  struct incoming {
+    int peer = 0, tag = 0;
+    std::unique_ptr<std::uint64_t> length = std::make_unique<std::uint64_t>(0);  ///< where the length lands (stable)
+    std::optional<recv_handle> head;  ///< zero-copy: the length; else the whole message
+    std::optional<recv_handle> body;  ///< zero-copy: the bytes
+    message whole;                    ///< moving transports: the message
+    bool armed = false;
+  };
+
+  /// `workspace`: where the message buffers live (schedule_options::workspace; nullptr: the call's own).
+  linear_mailbox(T& t, ring_stats& st, const char* who, schedule_workspace* workspace)
+      : t_(t), st_(st), who_(who), ws_(workspace != nullptr ? *workspace : own_) {}
+
+  /// Posts the receive of the next message from `peer` with `tag`.
+  incoming expect(int peer, int tag) {
+    incoming in;
+    in.peer = peer;
+    in.tag = tag;
+    if constexpr (zero_copy)
+      in.head.emplace(t_.irecv_into(peer, tag, std::as_writable_bytes(std::span<std::uint64_t>(in.length.get(), 1))));
+    else
+      in.head.emplace(t_.irecv(peer, tag));
+    return in;
+  }
+  /// Zero-copy: waits for the length and posts the receive of the bytes into
+  /// the call's buffer (which must stay as it is until collect()). Moving: nothing.
+  void arm(incoming& in) {
+    if (in.armed) return;
+    in.armed = true;
+    if constexpr (zero_copy) {
+      std::size_t got = 0;
+      ring_timed(st_.wait_seconds, [&] { got = in.head->wait(); });
+      if (got != sizeof(std::uint64_t) || *in.length > max_message)
+        throw transport_error(std::string(who_) + ": rank " + std::to_string(t_.rank()) + ": malformed message length from rank " +
+                              std::to_string(in.peer));
+      std::vector<std::byte>& inbox = ws_.bytes(0);
+      if (inbox.size() < *in.length) inbox.resize(static_cast<std::size_t>(*in.length));
+      in.body.emplace(t_.irecv_into(in.peer, in.tag, std::span<std::byte>(inbox.data(), static_cast<std::size_t>(*in.length))));
+    }
+  }
+  /// Waits for the message and returns its bytes (valid until the next arm()).
+  std::span<const std::byte> collect(incoming& in) {
+    arm(in);
+    std::size_t got = 0;
+    std::span<const std::byte> out;
+    ring_timed(st_.wait_seconds, [&] {
+      if constexpr (zero_copy) {
+        got = in.body->wait();
+        out = std::span<const std::byte>(ws_.bytes(0).data(), got);
+      } else {
+        in.whole = in.head->wait();
+        got = in.whole.bytes.size();
+        out = in.whole.bytes;
+      }
+    });
+    if constexpr (zero_copy)
+      if (got != *in.length)
+        throw transport_error(std::string(who_) + ": rank " + std::to_string(t_.rank()) + " expected " +
+                              std::to_string(*in.length) + " bytes from rank " + std::to_string(in.peer) + ", got " +
+                              std::to_string(got));
+    st_.bytes_received += got;
+    return out;
+  }
+  /// The buffer to fill for the next send() (the workspace's: it keeps its capacity).
+  std::vector<std::byte>& outgoing() { return ws_.bytes(1 + sent_); }
+  /// Sends the buffer outgoing() returned to `peer` (zero-copy: its length
+  /// first; both read until finish()).
+  void send(int peer, int tag) {
+    std::vector<std::byte>& m = ws_.bytes(1 + sent_++);
+    st_.bytes_sent += m.size();
+    ++st_.messages_sent;
+    if constexpr (zero_copy) {
+      lengths_.push_back(std::make_unique<std::uint64_t>(m.size()));
+      sends_.push_back(t_.isend_view(peer, tag, std::as_bytes(std::span<const std::uint64_t>(lengths_.back().get(), 1))));
+      sends_.push_back(t_.isend_view(peer, tag, std::span<const std::byte>(m)));
+    } else {
+      sends_.push_back(t_.isend(peer, tag, std::move(m)));  // the transport takes the bytes
+    }
+  }
+  /// Waits for every send.
+  void finish() {
+    ring_timed(st_.wait_seconds, [&] {
+      for (auto& h : sends_) h.wait();
+    });
+    sends_.clear();
+    lengths_.clear();
+    sent_ = 0;
+  }
+
+ private:
+  static constexpr std::uint64_t max_message = std::uint64_t(1) << 40;  ///< a length beyond this is malformed
+  T& t_;
+  ring_stats& st_;
+  const char* who_;
+  schedule_workspace own_;
+  schedule_workspace& ws_;  ///< bytes(0): what arrives; bytes(1 + i): the i-th message sent
+  std::size_t sent_ = 0;
+  std::vector<std::unique_ptr<std::uint64_t>> lengths_;
+  std::vector<send_handle> sends_;
+};
 
 /// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
 template <class T, class C>
@@ -86,12 +210,20 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   std::vector<payload> enc(P);
   std::vector<std::size_t> body(P);
   std::vector<std::vector<std::byte>> ser(P);
-  for (int j = 0; j < p; ++j) {  // eq. 3 on every block, once
-    ring_timed(st.encode_seconds, [&] { seg::encode(codec, b[std::size_t(j)], std::span<const float>(block(j)), enc[std::size_t(j)]); });
-    ++st.encodes;
-    body[std::size_t(j)] = enc[std::size_t(j)].body_size();
-    st.own_encoded_bytes += codec.encoded_bytes(enc[std::size_t(j)]);
-  }
+  std::vector<bool> encoded(P, false);
+  auto encode = [&](int lo, int hi) {  // eq. 3 on every block of [lo, hi) not encoded yet: each block once
+    for (int j = lo; j < hi; ++j) {
+      if (encoded[std::size_t(j)]) continue;
+      ring_timed(st.encode_seconds, [&] { seg::encode(codec, b[std::size_t(j)], std::span<const float>(block(j)), enc[std::size_t(j)]); });
+      ++st.encodes;
+      encoded[std::size_t(j)] = true;
+      body[std::size_t(j)] = enc[std::size_t(j)].body_size();
+      st.own_encoded_bytes += codec.encoded_bytes(enc[std::size_t(j)]);
+    }
+  };
+  // Folded pairs and a single rank encode everything now; the others encode
+  // the half they give away first and the half they keep while it travels.
+  if (n == 1 || rs.folded_out() || rs.folds_in()) encode(0, p);
   auto decode = [&](const payload& q, int j) {  // eq. 5 (then the mean: the same operation on the same bits everywhere)
     ring_timed(st.decode_seconds, [&] {
       codec.decode(q, block(j));
@@ -125,25 +257,29 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     return st;
   }
 
-  using send_handle = decltype(t.isend(0, 0, std::vector<std::byte>{}));
-  std::vector<send_handle> sends;
+  linear_mailbox<T> mail(t, st, who, o.workspace);
   auto send = [&](int peer, int tag, int lo, int hi, bool serialize) {
     if (serialize)
       ring_timed(st.combine_seconds, [&] {
         for (int j = lo; j < hi; ++j) wire::serialize_into(enc[std::size_t(j)], ser[std::size_t(j)]);
       });
-    std::vector<std::byte> m = schedule_pack(std::span<const std::vector<std::byte>>(ser).subspan(std::size_t(lo), std::size_t(hi - lo)));
-    st.bytes_sent += m.size();
-    ++st.messages_sent;
-    sends.push_back(t.isend(peer, tag, std::move(m)));
+    schedule_pack(std::span<const std::vector<std::byte>>(ser).subspan(std::size_t(lo), std::size_t(hi - lo)), mail.outgoing());
+    mail.send(peer, tag);
   };
-  auto receive = [&](int peer, int tag, int lo, int hi) {
-    auto h = t.irecv(peer, tag);
-    message m;
-    ring_timed(st.wait_seconds, [&] { m = h.wait(); });
-    st.bytes_received += m.bytes.size();
-    return schedule_unpack(m.bytes, std::size_t(hi - lo),
+  auto parts_of = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {
+    return schedule_unpack(bytes, std::size_t(hi - lo),
                            std::string(who) + ": rank " + std::to_string(self) + " from rank " + std::to_string(peer));
+  };
+  auto add_in = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {  // eq. 4 on each block
+    const auto parts = parts_of(bytes, peer, lo, hi);
+    for (int j = lo; j < hi; ++j) {
+      payload q = parse(parts[std::size_t(j - lo)], j, peer);
+      ring_timed(st.combine_seconds, [&] { codec.accumulate(enc[std::size_t(j)], q); });
+    }
+  };
+  auto keep_bytes = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {  // complete blocks, as they are
+    const auto parts = parts_of(bytes, peer, lo, hi);
+    for (int j = lo; j < hi; ++j) ser[std::size_t(j)].assign(parts[std::size_t(j - lo)].begin(), parts[std::size_t(j - lo)].end());
   };
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
 
@@ -151,11 +287,8 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   if (rs.folded_out()) {
     send(rs.fold_partner(), tag, 0, p, true);
   } else if (rs.folds_in()) {
-    auto parts = receive(rs.fold_partner(), tag, 0, p);
-    for (int j = 0; j < p; ++j) {
-      payload q = parse(parts[std::size_t(j)], j, rs.fold_partner());
-      ring_timed(st.combine_seconds, [&] { codec.accumulate(enc[std::size_t(j)], q); });
-    }
+    auto in = mail.expect(rs.fold_partner(), tag);
+    add_in(mail.collect(in), rs.fold_partner(), 0, p);
   }
   const int v = rs.virtual_rank();
   if (v >= 0) {
@@ -164,42 +297,57 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
       const int klo = lower ? lo : mid, khi = lower ? mid : hi;
-      send(peer, tag, lower ? mid : lo, lower ? hi : mid, true);
-      auto parts = receive(peer, tag, klo, khi);
-      for (int j = klo; j < khi; ++j) {
-        payload q = parse(parts[std::size_t(j - klo)], j, peer);
-        ring_timed(st.combine_seconds, [&] { codec.accumulate(enc[std::size_t(j)], q); });  // eq. 4
-      }
+      auto in = mail.expect(peer, tag);  // posted before the send: the peer's bytes are never held back
+      const int glo = lower ? mid : lo, ghi = lower ? hi : mid;
+      encode(glo, ghi);
+      send(peer, tag, glo, ghi, true);
+      mail.arm(in);
+      encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
+      add_in(mail.collect(in), peer, klo, khi);
       lo = klo;
       hi = khi;
     }
     // Block v is complete: serialize it once; from here on the bytes travel as they are.
     ring_timed(st.combine_seconds, [&] { wire::serialize_into(enc[std::size_t(v)], ser[std::size_t(v)]); });
-    decode(enc[std::size_t(v)], v);
-    for (int d = 1; d < p; d *= 2) {  // recursive doubling of the complete compressed blocks
+    // Recursive doubling of the complete compressed blocks. Each step's
+    // blocks are decoded (eq. 5) during the next step's transfer: only the
+    // last step's blocks are decoded after the wire is done.
+    int dlo = v, dhi = v + 1;  // blocks to decode (block v first, from its payload)
+    bool own = true;
+    auto decode_held = [&](int peer) {
+      for (int j = dlo; j < dhi; ++j) {
+        if (own) decode(enc[std::size_t(j)], j);
+        else decode(parse(ser[std::size_t(j)], j, peer), j);
+      }
+    };
+    int last_peer = self;
+    for (int d = 1; d < p; d *= 2) {
       const int width = hi - lo, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
+      auto in = mail.expect(peer, tag2);
       send(peer, tag2, lo, hi, false);
-      auto parts = receive(peer, tag2, plo, phi);
-      for (int j = plo; j < phi; ++j) {
-        ser[std::size_t(j)] = std::move(parts[std::size_t(j - plo)]);
-        decode(parse(ser[std::size_t(j)], j, peer), j);
-      }
+      mail.arm(in);
+      decode_held(last_peer);
+      keep_bytes(mail.collect(in), peer, plo, phi);
+      dlo = plo;
+      dhi = phi;
+      own = false;
+      last_peer = peer;
       lo = lower ? lo : plo;
       hi = lower ? phi : hi;
     }
+    decode_held(last_peer);
   }
   // Unfold: the odd rank of a pair sends the complete compressed blocks.
   if (rs.folds_in()) {
     send(rs.fold_partner(), tag2, 0, p, false);
   } else if (rs.folded_out()) {
-    auto parts = receive(rs.fold_partner(), tag2, 0, p);
+    auto in = mail.expect(rs.fold_partner(), tag2);
+    const auto parts = parts_of(mail.collect(in), rs.fold_partner(), 0, p);
     for (int j = 0; j < p; ++j) decode(parse(parts[std::size_t(j)], j, rs.fold_partner()), j);
   }
-  ring_timed(st.wait_seconds, [&] {
-    for (auto& h : sends) h.wait();
-  });
+  mail.finish();
   st.seconds = ring_seconds_since(started);
   return st;
 }

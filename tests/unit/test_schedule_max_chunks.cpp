@@ -1,10 +1,11 @@
-// schedules: the receive window (schedule_options::window_chunks) of the
-// Rabenseifner and direct schedules. A window changes when a chunk's receive
-// is posted, never an addition: the same bits as every chunk at once, over
-// the moving and the zero-copy in-process transports, float32 and packed
-// float16 cells, 1..8 ranks. A counting transport shows that no rank ever has
-// more than W receives posted from one peer (and that without a window it
-// does), and the cost model prices a window too small for the link's latency.
+// schedules: the cap on the messages per exchange (schedule_options::max_chunks)
+// of the Rabenseifner and direct schedules. The cap changes the chunk size,
+// never an addition: the same bits as uncapped 128 KiB-or-smaller chunks,
+// over the moving and the zero-copy in-process transports, float32 and
+// packed float16 cells, 1..8 ranks. A counting transport shows that no rank
+// ever has more than the cap's receives posted from one peer, plus one per
+// later halving step for Rabenseifner's forwarded pieces (and that without a
+// cap it does); the cost model prices the cap.
 #include <doctest/doctest.h>
 
 #include <gradcomp/exchange/schedule_collectives.hpp>
@@ -121,7 +122,7 @@ std::vector<vec> as_half(std::vector<vec> x) {
 
 }  // namespace
 
-TEST_CASE("schedule window: Rabenseifner and direct give the same bits with any window, N = 1..8") {
+TEST_CASE("max_chunks: Rabenseifner and direct give the same bits with any cap, N = 1..8") {
   for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct})
     for (int n = 1; n <= 8; ++n)
       for (std::size_t len : {0, 1, 7, 64, 1000, 4099})
@@ -131,37 +132,37 @@ TEST_CASE("schedule window: Rabenseifner and direct give the same bits with any 
           CAPTURE(len);
           CAPTURE(int(f));
           const auto x = inputs(n, len, 5 + len);
-          schedule_options o{.kind = kind, .chunk_elements = 5, .window_chunks = 0};
+          schedule_options o{.kind = kind, .chunk_elements = 5, .max_chunks = 0};
           const auto all = run(n, x, o, f);
           for (int r = 0; r < n; ++r) CHECK(bit_equal(all[std::size_t(r)], all[0]));
           CHECK(max_rel(all[0], exact_sum(x)) < 1e-5);
           for (std::size_t w : {1, 2, 3, 16}) {
             CAPTURE(w);
-            o.window_chunks = w;
+            o.max_chunks = w;
             const auto got = run(n, x, o, f);
             for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], all[0]));
           }
         }
 }
 
-TEST_CASE("schedule window: packed float16 cells, the mean, the same bits with and without a window") {
+TEST_CASE("max_chunks: packed float16 cells, the mean, the same bits with and without a cap") {
   for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct})
     for (int n : {3, 4, 6}) {
       CAPTURE(gradcomp::to_string(kind));
       CAPTURE(n);
       const auto x = as_half(inputs(n, 777, 9));
-      schedule_options o{.kind = kind, .chunk_elements = 16, .window_chunks = 0};
+      schedule_options o{.kind = kind, .chunk_elements = 16, .max_chunks = 0};
       const auto all = run(n, x, o, face::zero_copy, gradcomp::summable_element::float16);
-      o.window_chunks = 2;
+      o.max_chunks = 2;
       const auto got = run(n, x, o, face::zero_copy, gradcomp::summable_element::float16);
       for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], all[0]));
       CHECK(max_rel(all[0], exact_sum(x)) < 2e-2);  // float16 rounding per hop
     }
   for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct}) {
     const auto x = inputs(5, 999, 4);
-    schedule_options o{.kind = kind, .average = true, .chunk_elements = 8, .window_chunks = 1};
+    schedule_options o{.kind = kind, .average = true, .chunk_elements = 8, .max_chunks = 1};
     const auto got = run(5, x, o, face::moving);
-    o.window_chunks = 0;
+    o.max_chunks = 0;
     const auto all = run(5, x, o, face::moving);
     CHECK(bit_equal(got[0], all[0]));
     vec mean = exact_sum(x);
@@ -170,7 +171,7 @@ TEST_CASE("schedule window: packed float16 cells, the mean, the same bits with a
   }
 }
 
-TEST_CASE("schedule window: no rank posts more than W receives from one peer; without a window it does") {
+TEST_CASE("max_chunks: no rank posts more than the cap's receives from one peer; without a cap it does") {
   for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct})
     for (int n : {2, 5, 8}) {
       CAPTURE(gradcomp::to_string(kind));
@@ -181,37 +182,92 @@ TEST_CASE("schedule window: no rank posts more than W receives from one peer; wi
       std::vector<posted_counts> counts;
       for (std::size_t w : {1, 3}) {
         CAPTURE(w);
-        const auto got = run(n, x, {.kind = kind, .chunk_elements = 4, .window_chunks = w}, face::zero_copy,
+        const auto got = run(n, x, {.kind = kind, .chunk_elements = 4, .max_chunks = w}, face::zero_copy,
                              gradcomp::summable_element::float32, &counts);
+        // Direct: a segment in at most w messages. Rabenseifner: the first
+        // step's half in at most w chunks, cut further at the boundaries of
+        // the pieces forwarded at later steps (one more per later step).
+        const int bound = int(w) + (kind == schedule_kind::rabenseifner ? gradcomp::rabenseifner_schedule(0, n).steps() : 0);
         for (const auto& c : counts) {
           CHECK(c.most_of_any() >= 1);
-          CHECK(c.most_of_any() <= int(w));
+          CHECK(c.most_of_any() <= bound);
         }
         CHECK(max_rel(got[0], exact_sum(x)) < 1e-5);
       }
-      run(n, x, {.kind = kind, .chunk_elements = 4, .window_chunks = 0}, face::zero_copy,
+      run(n, x, {.kind = kind, .chunk_elements = 4, .max_chunks = 0}, face::zero_copy,
           gradcomp::summable_element::float32, &counts);
-      CHECK(counts[0].most_of_any() > 3);
+      CHECK(counts[0].most_of_any() > 3 + gradcomp::rabenseifner_schedule(0, n).steps());
     }
 }
 
-TEST_CASE("cost model: a window too small for the link's latency slows Rabenseifner; a wide one changes nothing") {
+TEST_CASE("cost model: the cap on chunks per exchange; one message exposes Rabenseifner's additions") {
   gradcomp::cost_model m;
-  m.inter = {.latency_s = 500e-6, .seconds_per_byte = 1.0 / 1.25e9};  // 10 Gbit/s, 0.5 ms per message
-  m.chunk_elements = 32768;                                          // 105 us per chunk on the wire
+  m.inter = {.latency_s = 500e-6, .seconds_per_byte = 1.0 / 1.25e9};  // 10 Gbit/s
+  m.chunk_elements = 32768;
+  m.add_s = 1e-9;
   const gradcomp::cost_problem p{.elements = std::size_t(1) << 24, .ranks = 16};
-  m.window_chunks = 0;
-  const double unbounded = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
-  m.window_chunks = 1024;  // more than any hop's chunks: the same
-  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(unbounded));
-  m.window_chunks = 16;  // 16 x 105 us > 0.5 ms + 105 us: the wire stays busy
-  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(unbounded));
-  m.window_chunks = 2;  // 2 chunks per 0.6 ms: about a third of the rate
-  const double narrow = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
-  CHECK(narrow > 2.0 * unbounded);
-  // The pipelined ring has no window (a chunk is sent as it is summed): unchanged.
-  m.window_chunks = 0;
+  m.max_chunks = 0;
+  const double uncapped = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
+  m.max_chunks = 1024;  // more than any hop's 128 KiB chunks: the same
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(uncapped));
+  m.max_chunks = 1;  // whole messages: every addition after its transfer
+  const double whole = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
+  CHECK(whole > uncapped + 0.5 * double(p.elements) * m.add_s);
+  m.max_chunks = 8;
+  const double capped = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
+  CHECK(capped < whole);  // 8 chunks hide all but one chunk's additions (and send fewer messages than 128 KiB ones)
+  // The pipelined ring sends each chunk as it is summed: no cap, unchanged.
+  m.max_chunks = 0;
   const double ring = gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, p);
-  m.window_chunks = 2;
+  m.max_chunks = 1;
   CHECK(gradcomp::predict_seconds(m, schedule_kind::pipelined_ring, p) == doctest::Approx(ring));
+}
+
+TEST_CASE("Rabenseifner's layout: a step's pieces tile its range, and begin with exactly what the next step sends on") {
+  using gradcomp::detail::rabenseifner_layout;
+  using gradcomp::detail::rabenseifner_piece;
+  for (int n : {2, 4, 6, 8, 16, 64})
+    for (std::size_t len : {std::size_t(0), std::size_t(5), std::size_t(1000), std::size_t(100003)})
+      for (std::size_t cs : {std::size_t(0), std::size_t(7), std::size_t(4096)}) {
+        CAPTURE(n);
+        CAPTURE(len);
+        CAPTURE(cs);
+        const gradcomp::rabenseifner_schedule rs(n - 1, n);
+        const int p = rs.blocks();
+        const auto b = gradcomp::detail::rabenseifner_float_bounds(len, p);
+        for (int v = 0; v < p; ++v) {
+          int lo = 0, hi = p;
+          std::vector<std::vector<rabenseifner_piece>> keep(std::size_t(rs.steps())), give(std::size_t(rs.steps()));
+          for (int k = 0; k < rs.steps(); ++k) {
+            const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2;
+            const bool lower = (v & d) == 0;
+            const int klo = lower ? lo : mid, khi = lower ? mid : hi;
+            rabenseifner_layout(rs, v, k, klo, khi, b, cs, keep[std::size_t(k)]);
+            rabenseifner_layout(rs, v, k, lower ? mid : lo, lower ? hi : mid, b, cs, give[std::size_t(k)]);
+            // The pieces tile [b[klo], b[khi]) exactly once.
+            std::vector<int> covered(b[std::size_t(khi)] - b[std::size_t(klo)], 0);
+            for (const auto& pc : keep[std::size_t(k)])
+              for (std::size_t i = pc.begin; i < pc.begin + pc.size; ++i) ++covered[i - b[std::size_t(klo)]];
+            CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
+            // The partner (v XOR d) lays out my give range as its keep range: the same pieces.
+            std::vector<rabenseifner_piece> theirs;
+            rabenseifner_layout(rs, v ^ d, k, lower ? mid : lo, lower ? hi : mid, b, cs, theirs);
+            REQUIRE(theirs.size() == give[std::size_t(k)].size());
+            for (std::size_t c = 0; c < theirs.size(); ++c) {
+              CHECK(theirs[c].begin == give[std::size_t(k)][c].begin);
+              CHECK(theirs[c].size == give[std::size_t(k)][c].size);
+            }
+            lo = klo;
+            hi = khi;
+          }
+          for (int k = 0; cs != 0 && k + 1 < rs.steps(); ++k) {
+            const auto& next = give[std::size_t(k + 1)];
+            REQUIRE(keep[std::size_t(k)].size() >= next.size());
+            for (std::size_t c = 0; c < next.size(); ++c) {
+              CHECK(keep[std::size_t(k)][c].begin == next[c].begin);
+              CHECK(keep[std::size_t(k)][c].size == next[c].size);
+            }
+          }
+        }
+      }
 }
