@@ -179,6 +179,31 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner: bit-identical, equals GradiVeQ o
     }
 }
 
+TEST_CASE("schedules: GradiVeQ on Rabenseifner with a workspace kept across calls: the same bits, N = 2, 3, 5") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    const low_rank_layer layer(16, 3, 16 * std::size_t(3 * n + 1) + 5, 60 + std::uint64_t(n));
+    const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+    const std::vector<vec> x = rank_samples(layer, n, 5000);
+    std::vector<vec> fresh = x;
+    run_workers(n, [&](inproc_endpoint& ep) {
+      auto mine = codec;
+      gradcomp::allreduce_linear(ep, mine, fresh[std::size_t(ep.rank())], {.kind = schedule_kind::rabenseifner});
+    });
+    std::vector<gradcomp::schedule_workspace> ws(static_cast<std::size_t>(n));
+    for (int call = 0; call < 3; ++call) {
+      std::vector<vec> kept = x;
+      run_workers(n, [&](inproc_endpoint& ep) {
+        auto mine = codec;
+        schedule_options o{.kind = schedule_kind::rabenseifner};
+        o.workspace = &ws[std::size_t(ep.rank())];
+        gradcomp::allreduce_linear(ep, mine, kept[std::size_t(ep.rank())], o);
+      });
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(kept[std::size_t(r)], fresh[std::size_t(r)]));
+    }
+  }
+}
+
 TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner; mean") {
   for (int n : {3, 4, 6}) {
     const auto x = inputs(n, 333, 9);
