@@ -145,6 +145,26 @@ TEST_CASE("max_chunks: Rabenseifner and direct give the same bits with any cap, 
         }
 }
 
+TEST_CASE("max_chunks: 16 ranks, vectors shorter than the blocks (uneven halves), zero-copy, the same bits") {
+  // With fewer floats than blocks a kept half can hold more than half of the
+  // vector: the scratch of two consecutive steps must still fit.
+  for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct})
+    for (int n : {12, 16})
+      for (std::size_t len : {1, 3, 7, 9, 15, 17, 40}) {
+        CAPTURE(gradcomp::to_string(kind));
+        CAPTURE(n);
+        CAPTURE(len);
+        const auto x = inputs(n, len, 77 + len);
+        schedule_options o{.kind = kind, .chunk_elements = 1, .max_chunks = 0};
+        const auto all = run(n, x, o, face::zero_copy);
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(all[std::size_t(r)], all[0]));
+        CHECK(max_rel(all[0], exact_sum(x)) < 1e-5);
+        o.max_chunks = 2;
+        const auto got = run(n, x, o, face::zero_copy);
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], all[0]));
+      }
+}
+
 TEST_CASE("max_chunks: packed float16 cells, the mean, the same bits with and without a cap") {
   for (schedule_kind kind : {schedule_kind::rabenseifner, schedule_kind::direct})
     for (int n : {3, 4, 6}) {

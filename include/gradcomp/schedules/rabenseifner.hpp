@@ -190,8 +190,11 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       lo = h.klo;
       hi = h.khi;
     }
-    const std::span<float> space = scratch.first(data.size());
-    const std::size_t second_area = steps > 0 ? b[std::size_t(plan[0].khi)] - b[std::size_t(plan[0].klo)] : 0;
+    // Even steps receive at the start of the scratch, odd steps after step
+    // 0's range (uneven blocks can make a kept half larger than m/2).
+    const auto kept = [&](int k) { return b[std::size_t(plan[std::size_t(k)].khi)] - b[std::size_t(plan[std::size_t(k)].klo)]; };
+    const std::size_t second_area = steps > 0 ? kept(0) : 0;
+    const std::span<float> space = scratch.first(second_area + (steps > 1 ? kept(1) : 0));
     auto post_step = [&](int k) {
       halving_step& h = plan[std::size_t(k)];
       const std::size_t area = k % 2 == 0 ? 0 : second_area, base = b[std::size_t(h.klo)];
