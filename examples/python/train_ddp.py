@@ -591,6 +591,8 @@ def main():
     unknown = [h for h in hooks if h not in BUILTIN_HOOKS + GRADCOMP_HOOKS]
     if unknown:
         sys.exit(f"unknown hooks {unknown} (hooks: {','.join(BUILTIN_HOOKS + GRADCOMP_HOOKS)})")
+    if str(args.powersgd_rank) == "match" and "powersgd" in hooks and "gradcomp_gradiveq" in hooks:
+        hooks = [h for h in hooks if h != "powersgd"] + ["powersgd"]  # its rank comes from gradiveq's row
     print(f"torch {torch.__version__}, {args.workers} gloo workers, {args.steps} steps of {args.batch} per worker"
           + (", examples/train's --full schedule" if args.full else ""), flush=True)
     rows = []
