@@ -210,7 +210,8 @@ class Pool:
                 if out[0] == "unsupported":  # the same on every rank; the others may stall in the probe
                     time.sleep(0.5)
                     self.start()
-                    return "unsupported", out[1], None  # the others may wait for the gloo timeout: do not wait for them
+                    return "unsupported", out[1], None
+                if out[0] == "raised":  # the others may wait for the gloo timeout: do not wait for them
                     time.sleep(0.5)
                     self.start()
                     return "raised", self._raised(rank, out), None

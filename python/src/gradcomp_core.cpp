@@ -176,6 +176,13 @@ gx::plan_options options_from(const nb::dict& d) {
     else if (key == "gradiveq_reuse_factor") o.gradiveq.reuse_factor = count(v, key);
     else if (key == "gradiveq_max_dimension") o.gradiveq.max_dimension = count(v, key);
     else if (key == "gradiveq_min_samples") o.gradiveq.min_samples = count(v, key);
+    else if (key == "gradiveq_source") {  // beyond the paper: examples/train's gradiveq_plus fits on pooled slices
+      const auto src = number<std::string>(v, key);
+      if (src == "first_slice") o.gradiveq.source = gradcomp::basis_source::first_slice;
+      else if (src == "pooled") o.gradiveq.source = gradcomp::basis_source::pooled;
+      else invalid("gradiveq_source must be 'first_slice' or 'pooled'");
+    } else if (key == "gradiveq_pool_slices") o.gradiveq.pool_slices = count(v, key);
+    else if (key == "gradiveq_holdout_fraction") o.gradiveq.holdout_fraction = number<double>(v, key);
     else if (key == "warmup_iterations") o.gradiveq_schedule.warmup_iterations = count(v, key);
     else if (key == "sampling_iterations") o.gradiveq_schedule.sampling_iterations = count(v, key);
     else if (key == "compressed_iterations") o.gradiveq_schedule.compressed_iterations = count(v, key);
@@ -185,6 +192,7 @@ gx::plan_options options_from(const nb::dict& d) {
     } else if (key == "stale_threshold") o.gradiveq_schedule.stale_threshold = number<double>(v, key);
     else if (key == "patience") o.gradiveq_schedule.patience = count(v, key);
     else if (key == "adaptive_cycles") o.gradiveq_schedule.adaptive_cycles = number<bool>(v, key);
+    else if (key == "min_compressed_iterations") o.gradiveq_schedule.min_compressed_iterations = count(v, key);
     else if (key == "powersgd_rank") o.powersgd.rank = count(v, key);
     else if (key == "powersgd_start_iter") o.powersgd.start_iter = count(v, key);
     else if (key == "powersgd_min_elements") o.powersgd.min_elements = count(v, key);

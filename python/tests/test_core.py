@@ -182,3 +182,74 @@ def test_load_state_dict_of_another_configuration():
                                              "params": {"no.such.weight": b""}})
     with pytest.raises(gradcomp.LayoutError):
         gt.QSGDState(model).load_state_dict({"weights": torch.zeros(1)})
+
+
+def _compressed_sum_length(options, steps=6, seed=3):
+    """Drives a GradiVeQ conv layer at 2 ranks through L_t = 4 sampling steps and one compressed step
+    (warm-up 0); returns the float32 length of the compressed step's sum round (d coefficients per slice,
+    plus the control block), and checks the ranks agree on every step."""
+    m = gradcomp.ModelDescription()
+    m.add_conv("conv", 8, 4, 3, 3)  # slices of K = W*D*F = 96, 3 of them
+    plan = gradcomp.Plan(m, dict({"conv": "gradiveq", "warmup_iterations": 0, "sampling_iterations": 4,
+                                  "compressed_iterations": 10, "gradiveq_lambda": 1e-6}, **options))
+    layers = [gradcomp.BucketLayer(plan, r, 2, "throw") for r in range(2)]
+    rng = np.random.default_rng(seed)
+    length = None
+    for step in range(steps):
+        grads = [[rng.standard_normal(288).astype(np.float32)] for _ in range(2)]
+        for layer, g in zip(layers, grads):
+            layer.begin_step(g)
+        while True:
+            rounds = [layer.next_round() for layer in layers]
+            if rounds[0] is None:
+                break
+            if rounds[0].op == "all_gather":
+                for layer in layers:
+                    layer.complete_round([r.payload for r in rounds])
+            else:
+                if step == 4:
+                    length = rounds[0].length
+                total = rounds[0].buffer + rounds[1].buffer
+                for r in rounds:
+                    r.buffer[:] = total
+                for layer in layers:
+                    layer.complete_round()
+        for layer, g in zip(layers, grads):
+            layer.finish_step(g)
+        assert np.array_equal(grads[0][0], grads[1][0])
+        if step == 4:
+            assert layers[0].phase == ["gradiveq:compressed"]
+    return length
+
+
+def test_gradiveq_pooled_source_reaches_the_codec():
+    # the first slice of 4 samples spans at most 3 directions; 3 pooled slices a sample span up to 11
+    # (random gradients and a tiny lambda keep d at that bound)
+    first = _compressed_sum_length({"gradiveq_source": "first_slice"})
+    pooled = _compressed_sum_length({"gradiveq_source": "pooled"})
+    pool2 = _compressed_sum_length({"gradiveq_source": "pooled", "gradiveq_pool_slices": 2})
+    assert first == _compressed_sum_length({})  # the default is the paper's first slice
+    assert first < pool2 < pooled
+    assert (pooled - first) == 3 * (11 - 3)  # 3 slices of d coefficients each
+    assert (pool2 - first) == 3 * (7 - 3)
+    assert _compressed_sum_length({"gradiveq_source": "pooled", "gradiveq_holdout_fraction": 0.25}) > first
+    # a hold-out of 0.9 of the 12 pooled samples leaves fewer than 2 to fit: the fit refuses
+    with pytest.raises(gradcomp.Error, match="hold-out"):
+        _compressed_sum_length({"gradiveq_source": "pooled", "gradiveq_holdout_fraction": 0.9})
+
+
+def test_gradiveq_plus_options_and_their_errors():
+    model = Net()
+    state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, warmup_iterations=5, sampling_iterations=6,
+                             compressed_iterations=4, min_compressed_iterations=2)
+    opts = state._plan_options
+    assert opts["gradiveq_source"] == "pooled" and opts["gradiveq_pool_slices"] == 16
+    assert opts["min_compressed_iterations"] == 2
+    a = gradcomp.Plan(_model(), {"conv": "gradiveq"}).fingerprint
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_source": "pooled"}).fingerprint != a
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_holdout_fraction": 0.2}).fingerprint != a
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "min_compressed_iterations": 3}).fingerprint != a
+    for bad in ({"source": "all"}, {"source": 3}, {"holdout_fraction": 1.0}, {"holdout_fraction": -0.1},
+                {"pool_slices": -1}, {"min_compressed_iterations": 0}):
+        with pytest.raises(gradcomp.InvalidArgument):
+            gt.GradiVeQState(model, **bad)

@@ -158,3 +158,74 @@ def test_train_ddp_example_smoke(tmp_path):
     assert "RESULT torch_ddp_gradcomp_hook_failures 0" in out.stdout
     assert "RESULT torch_ddp_gradcomp_two_bit_ratio" in out.stdout
     assert (tmp_path / "train_ddp.csv").read_text().count("\n") == 3
+
+
+def _train_ddp_module():
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_ddp.py"
+    spec = importlib.util.spec_from_file_location("train_ddp_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_train_ddp_full_rows_and_matched_powersgd(tmp_path):
+    """--full (examples/train's schedule) on random images, 2 workers, half an epoch: one CSV row per
+    (hook, seed); the built-in PowerSGD's rank is the one whose bytes match gradcomp_gradiveq's row."""
+    import csv
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_ddp.py"
+    table = tmp_path / "full.csv"
+    common = ["--full", "--synthetic", "--workers", "2", "--epochs", "0.5", "--csv", str(table)]
+    out = subprocess.run([sys.executable, str(script), *common, "--hooks", "gradcomp_gradiveq,powersgd",
+                          "--gradiveq-warmup", "3", "--gradiveq-sampling", "4", "--gradiveq-compressed", "10",
+                          "--powersgd-start", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {r["hook"]: r for r in csv.DictReader(table.open())}
+    assert set(rows) == {"gradcomp_gradiveq", "powersgd"}
+    assert all(r["steps"] == "16" and r["seed"] == "1" and r["replicas_equal"] == "yes" for r in rows.values())
+    assert "gradiveq_plus" in rows["gradcomp_gradiveq"]["settings"]
+    mod = _train_ddp_module()
+    ns = type("A", (), {"powersgd_start": 2, "steps": 16})()
+    want = mod.match_powersgd_rank(mod.SmallResNet(), ns, float(rows["gradcomp_gradiveq"]["bytes_per_step"]))
+    assert rows["powersgd"]["powersgd_rank"] == str(want) and rows["powersgd"]["powersgd_start"] == "2"
+    ns.powersgd_rank = want
+    assert float(rows["powersgd"]["bytes_per_step"]) == pytest.approx(
+        mod.builtin_bytes("powersgd", mod.SmallResNet(), ns, 16), abs=0.1)
+    summ = subprocess.run([sys.executable, str(script), "--summary", *common], capture_output=True, text=True,
+                          timeout=300)
+    assert summ.returncode == 0, summ.stdout + summ.stderr
+    assert "RESULT torch_ddp_full_gradcomp_gradiveq_accuracy_1of2seeds" in summ.stdout
+    assert "allreduce seed 1" in summ.stdout and "gradcomp_gradiveq seed 2" in summ.stdout
+
+
+def test_train_ddp_full_csv_and_summary_logic(tmp_path, capsys):
+    """The --full grid's CSV (a (hook, seed) row replaced, not repeated) and the summary's verdicts."""
+    import argparse
+    mod = _train_ddp_module()
+    table = tmp_path / "grid.csv"
+    acc = {"allreduce": (91.0, 91.4), "gradcomp_gradiveq": (90.5, 90.3), "powersgd": (90.6, 90.0),
+           "gradcomp_top_k": (89.0, 90.0)}
+    for hook, per_seed in acc.items():
+        for seed, a in zip((1, 2), per_seed):
+            mod.write_row(table, {"hook": hook, "seed": seed, "torch": "9.9.9", "workers": 4, "steps": 4680,
+                                  "accuracy_percent": a - 5, "bytes_per_step": 1000.0, "ratio": 4.0,
+                                  "powersgd_rank": 7 if hook == "powersgd" else "", "powersgd_start": 234})
+            mod.write_row(table, {"hook": hook, "seed": seed, "torch": "9.9.9", "workers": 4, "steps": 4680,
+                                  "accuracy_percent": a, "bytes_per_step": 1000.0, "ratio": 4.0,
+                                  "powersgd_rank": 7 if hook == "powersgd" else "", "powersgd_start": 234})
+    rows = mod.read_rows(table)
+    assert len(rows) == 8 and {float(r["accuracy_percent"]) for r in rows} == {a for v in acc.values() for a in v}
+    args = argparse.Namespace(csv=str(table), summary_torch="9.9.9", workers=4, steps=4680, epochs=10.0,
+                              synthetic=False, summary_seeds="1,2", hooks=",".join(list(acc) + ["gradcomp_qsgd"]))
+    mod.summary(args)
+    text = capsys.readouterr().out
+    assert "gradcomp_gradiveq within 1 point of allreduce: -0.80 points: met" in text
+    assert "gradcomp_top_k within 1 point of allreduce: -1.70 points: MISSED" in text
+    assert "gradcomp_qsgd within 1 point of allreduce: incomplete" in text
+    assert "RESULT torch_ddp_full_gradiveq_vs_powersgd_equal_bytes +0.10 points" in text
+    assert "rank 7, start iteration 234" in text
+    assert "RESULT torch_ddp_full_gradcomp_top_k_vs_allreduce -1.70 points" in text
+    assert "missing cells (2 of 10): gradcomp_qsgd seed 1, gradcomp_qsgd seed 2" in text
