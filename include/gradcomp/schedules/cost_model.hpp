@@ -73,15 +73,21 @@ struct schedule_prediction {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
+/// The chunks `elems` floats go as: ceil(elems / chunk_elements), at least
+/// one (chunk_elements 0: one); `capped`: at most m.max_chunks (they grow instead).
+inline double cost_chunks(double elems, const cost_model& m, bool capped) {
+  double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
+  if (capped && m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
+  return k;
+}
+
 /// A hop moving `bytes` and adding `adds` elements, in chunks (receive, add
 /// and send overlap: the slower of the two plus one chunk of the other).
-/// `capped`: at most m.max_chunks chunks (they grow instead).
+/// `capped`: at most m.max_chunks chunks (cost_chunks).
 inline double cost_hop(const link_cost& l, double bytes, double adds, const cost_model& m, bool pipelined,
                        bool capped = false) {
   const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
-  const double elems = std::max(adds, bytes / 4.0);
-  double k = pipelined && m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
-  if (capped && m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
+  const double k = pipelined ? cost_chunks(std::max(adds, bytes / 4.0), m, capped) : 1.0;
   if (k <= 1.0) return l.latency_s + wire + add;
   return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s;
 }
@@ -152,8 +158,7 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       if (p.compressed || !m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
       const double wire = 4.0 * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
-      double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(mfl / n / double(m.chunk_elements))) : 1.0;
-      if (m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
+      const double k = detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
       return (m.inter.latency_s + wire) +
