@@ -248,7 +248,9 @@ class CompressionState:
         stats["hook_seconds"] += time.perf_counter() - t0
         stats["comm_seconds"] += comm
         stats["extra_collectives"] = ex.extra_collectives
-        fut = torch.futures.Future()
+        # a CUDA bucket's future must name its device (torch refuses a result on a device the
+        # future was not made for); the copy back above ran on the current stream, as DDP expects
+        fut = torch.futures.Future(devices=[buf.device]) if buf.device.type == "cuda" else torch.futures.Future()
         fut.set_result(buf)
         return fut
 

@@ -188,3 +188,70 @@ def train_new_codecs(rank, world, codecs, n_steps=20):
 
 def resume_powersgd(rank, world):
     return {"with": resume(rank, world, "powersgd"), "without": resume(rank, world, "powersgd", load_hook_state=False)}
+
+
+class HostBucket:
+    """A CPU twin of a DDP GradBucket: a host copy of its buffer, the twin model's parameters."""
+
+    def __init__(self, bucket, params):
+        self._buffer = bucket.buffer().detach().cpu().clone()
+        self._params = params
+        self._index = bucket.index()
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def index(self):
+        return self._index
+
+
+def cuda_against_host(rank, world, codecs, n_steps=8, device_type="cuda"):
+    """Per codec: DDP on CUDA (one GPU shared by the ranks when there is only one) with the codec's
+    hook, and beside it a twin state on a CPU copy of the model that gets a host copy of every bucket
+    before the hook runs. The CUDA bucket's mean must equal the twin's bit for bit (the hook copies
+    a CUDA bucket to the host and runs the CPU code), and the ranks must end with the same weights."""
+    cuda = device_type == "cuda"  # "cpu": the same harness on CPU buckets (a check of the harness itself)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(CAP_MB * 1024 * 1024)
+    out = {}
+    for codec in codecs:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(codec)
+        if dtype is not None and not gt.supports_all_reduce(dtype):
+            out[codec] = f"unsupported: gloo on torch {torch.__version__} cannot all_reduce {dtype}"
+            continue
+        torch.manual_seed(0)
+        host_model = Net()
+        model = copy.deepcopy(host_model).to(device)
+        ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=CAP_MB)
+        state, twin = make_state(codec, model), make_state(codec, host_model)
+        twin_params = dict(host_model.named_parameters())
+        names = {id(p): n for n, p in model.named_parameters()}
+        checked, differing = [], []
+
+        def twin_hook(st, bucket):
+            host = HostBucket(bucket, [twin_params[names[id(p)]] for p in bucket.parameters()])
+            fut = gt.hook(st, bucket)
+            expected = gt.hook(twin, host).value()
+            got = fut.value()
+            checked.append(got.device.type)
+            if not torch.equal(got.detach().cpu(), expected):
+                differing.append(bucket.index())
+            return fut
+
+        ddp.register_comm_hook(state, twin_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for step in range(n_steps):
+            x, y = data(rank, step)
+            opt.zero_grad()
+            F.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
+            opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        out[codec] = {"digest": digest(model.cpu()), "devices": sorted(set(checked)), "buckets": len(checked),
+                      "differing": differing, "phases": sorted(set(state.phases().values()))}
+    return out

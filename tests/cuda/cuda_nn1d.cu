@@ -138,7 +138,9 @@ void cuda_check::compare_lgc() {
     expect(e_dec <= 1e-4f, form == lgc_form::ring ? "lgc ring decode" : "lgc ps decode");
     bool refused = false;
     try {
-      dev.decode(0, dcode, form == lgc_form::ring ? dinnov.ptr() : nullptr, dy, dws);
+      // The wrong argument for each form: a (non-null) device buffer for the
+      // ring form, none for the parameter-server form.
+      dev.decode(0, dcode, form == lgc_form::ring ? dx.ptr() : nullptr, dy, dws);
     } catch (const invalid_argument_error&) {
       refused = true;
     }
