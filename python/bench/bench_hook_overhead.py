@@ -9,6 +9,7 @@ wrapping, 16-bit conversions). ``state.overhead()`` splits the hook's time into
 
     python python/bench/bench_hook_overhead.py demo        # examples/python's small ResNet, 4 gloo workers
     python python/bench/bench_hook_overhead.py resnet50    # ResNet-50's parameter shapes, 25 MB buckets, 2 workers
+    python python/bench/bench_hook_overhead.py gradiveq-phases   # GradiVeQ's own time per phase, --full's schedule
 
 ``demo``: every gradcomp hook and PyTorch's plain all-reduce train the small
 ResNet of examples/train (random 28x28 images, batch 32 per worker) in one
@@ -23,6 +24,14 @@ shapes, torchvision's order, 25.6M floats) grouped like DDP's default buckets
 bucket as DDP would. Prints the hook's own time per step (ms) beside a plain
 float32 all_reduce of the same buckets, RESULT
 torch_ddp_resnet50_<hook>_own_ms and torch_ddp_resnet50_allreduce_ms.
+
+``gradiveq-phases``: the demo model with train_ddp.py --full's GradiVeQ state
+(gradiveq_plus: pooled 16 slices, lambda 0.01, QSGD 4-bit sampling; the 1-D
+parameters and the fc weight dense), warm-up 5, L_t 150, L_c 100 by default
+(--gradiveq-schedule), 256 steps: the hook's own time split per phase (the
+step that ends L_t runs the PCA fit) and RESULT torch_ddp_gradiveq_fit_ms,
+torch_ddp_gradiveq_compressed_own_ms, torch_ddp_gradiveq_sampling_own_ms
+(the sampling steps without the fit).
 """
 
 from __future__ import annotations
@@ -168,6 +177,65 @@ def demo(args):
             print(f"RESULT torch_ddp_{key}_overhead_share {share:.4f}")
 
 
+# ---- GradiVeQ per phase ------------------------------------------------------------
+
+def gradiveq_phases_worker(rank, world, args):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import gradcomp.torch as gt
+    g = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(args.batch, 1, 28, 28, generator=g) for _ in range(4)]
+    ys = [torch.randint(0, 10, (args.batch,), generator=g) for _ in range(4)]
+    torch.manual_seed(1)
+    model = small_resnet()
+    ddp = DDP(model)
+    warm, lt, lc = args.gradiveq_schedule
+    state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, small="dense", small_below=0, seed=1,
+                             warmup_iterations=warm, sampling_iterations=lt, compressed_iterations=lc,
+                             options={"fallback": "dense"})
+    ddp.register_comm_hook(state, gt.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    rows = []
+    for step in range(args.steps):
+        before = state.overhead()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(ddp(xs[step % 4]), ys[step % 4]).backward()
+        opt.step()
+        after = state.overhead()
+        phase = [p for p in sorted(set(state.phases().values())) if p.startswith("gradiveq")]
+        rows.append({"phase": phase[0] if phase else "?", "step": time.perf_counter() - t0,
+                     **{k: after[k] - before[k] for k in ("own", "encode", "decode", "python")}})
+    return rows
+
+
+def gradiveq_phases(args):
+    per_rank = spawn(args.workers, gradiveq_phases_worker, args)
+    warm, lt, lc = args.gradiveq_schedule
+    print(f"torch {torch.__version__}, {args.workers} gloo workers, demo model, gradiveq_plus warm-up {warm}, "
+          f"L_t {lt}, L_c {lc}, {args.steps} steps; load {os.getloadavg()[0]:.1f}; ms per step, mean over ranks")
+    print(f"{'phase':26s} {'steps':>5s} {'step':>7s} {'own':>7s} {'encode':>7s} {'decode':>7s} {'python':>7s}")
+    # the fit runs inside the last step that reports a sampling phase (its hook ends L_t)
+    fit_steps = [i - 1 for i in range(1, args.steps) if per_rank[0][i - 1]["phase"].startswith("gradiveq:sampling")
+                 and not per_rank[0][i]["phase"].startswith("gradiveq:sampling")]
+    groups = {}
+    for i, row in enumerate(per_rank[0]):
+        key = "fit (the step ending L_t)" if i in fit_steps else row["phase"]
+        groups.setdefault(key, []).append(i)
+    means = {}
+    for key, steps in groups.items():
+        m = {k: 1000 * float(np.mean([r[i][k] for r in per_rank for i in steps]))
+             for k in ("step", "own", "encode", "decode", "python")}
+        means[key] = m
+        print(f"{key:26s} {len(steps):5d} {m['step']:7.1f} {m['own']:7.2f} {m['encode']:7.2f} {m['decode']:7.2f} "
+              f"{m['python']:7.2f}")
+    if "fit (the step ending L_t)" in means:
+        print(f"RESULT torch_ddp_gradiveq_fit_ms {means['fit (the step ending L_t)']['own']:.1f} ms")
+    if "gradiveq:compressed" in means:
+        print(f"RESULT torch_ddp_gradiveq_compressed_own_ms {means['gradiveq:compressed']['own']:.2f} ms")
+    if "gradiveq:sampling-qsgd" in means:
+        print(f"RESULT torch_ddp_gradiveq_sampling_own_ms {means['gradiveq:sampling-qsgd']['own']:.2f} ms")
+
+
 # ---- ResNet-50-sized buckets ----------------------------------------------------
 
 def resnet50_shapes():
@@ -285,14 +353,20 @@ def resnet50(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["demo", "resnet50"])
+    ap.add_argument("what", choices=["demo", "resnet50", "gradiveq-phases"])
     ap.add_argument("--workers", type=int, default=None, help="default: 4 (demo), 2 (resnet50)")
     ap.add_argument("--steps", type=int, default=None, help="default: 40 (demo), 6 (resnet50)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hooks", default=",".join(HOOKS))
+    ap.add_argument("--gradiveq-schedule", default="5,150,100", help="gradiveq-phases: warm-up,L_t,L_c")
     args = ap.parse_args()
+    args.gradiveq_schedule = tuple(int(x) for x in args.gradiveq_schedule.split(","))
     args.hooks = [h for h in args.hooks.split(",") if h]
-    if args.what == "demo":
+    if args.what == "gradiveq-phases":
+        args.workers = args.workers or 4
+        args.steps = args.steps or 256
+        gradiveq_phases(args)
+    elif args.what == "demo":
         args.workers = args.workers or 4
         args.steps = args.steps or 40
         demo(args)

@@ -91,7 +91,14 @@ TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unalign
 TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
   // eq. 3: 8 lanes over i mod 8, each fused in index order, summed
   // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), minus the offset.
-  const std::size_t k = 21, d = 2, slices = 2;
+  // Slice counts around the kernels' groups (4 portable, 2 or 4 per AVX
+  // block) and K past one column block (1024) of eq. 5.
+  for (std::size_t k : {21u, 64u, 1030u})
+    for (std::size_t d : {2u, 5u})
+      for (std::size_t slices : {1u, 2u, 3u, 4u, 5u, 7u, 9u}) {
+  CAPTURE(k);
+  CAPTURE(d);
+  CAPTURE(slices);
   const vec x = values(slices * k, 11), u = values(k * d, 12), off = values(d, 13), mu = values(k, 14);
   vec y(slices * d);
   ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data());
@@ -112,6 +119,13 @@ TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
       const float want = kern::madd(0.5f, mu[c], t);
       CHECK(bit_equal(std::span<const float>(&out[s * k + c], 1), std::span<const float>(&want, 1)));
     }
+  // the scalar (portable) kernels alone, as the wheel's baseline build runs them
+  vec ys(slices * d), outs(slices * k);
+  kern::compress_rows_scalar(x.data(), 0, slices, k, u.data(), 0, d, off.data(), ys.data());
+  CHECK(bit_equal(ys, y));
+  kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 0.5f, false, outs.data());
+  CHECK(bit_equal(outs, out));
+      }
 }
 
 TEST_CASE("GradiVeQ codec: the same bits on any thread, concurrently (seq runs on the calling thread)") {

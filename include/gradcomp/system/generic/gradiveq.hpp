@@ -73,54 +73,76 @@ inline float lanes_sum(const float* a) noexcept {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+/// Slices computed together by the portable kernels: each basis value loaded
+/// serves this many slices. A conv layer has few slices (K = W*D*F: H of
+/// them, 3 for a 3x3 kernel) and a basis of K x d floats, often larger than
+/// the caches, so reading it once per slice made the products memory-bound.
+/// Each element's own summation order does not depend on the grouping.
+inline constexpr std::size_t portable_group_rows = 4;
+
 /// Eq. 3, the reference order, for columns [j0, d) of slices [s0, s1).
-/// Portable code the compiler vectorises over the 8 lanes.
+/// Portable code the compiler vectorises over the 8 lanes; up to
+/// portable_group_rows slices share each load of u_j.
 inline void compress_rows_scalar(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
                                  std::size_t j0, std::size_t d, const float* offset, float* y) noexcept {
-  constexpr std::size_t L = lanes;
-  for (std::size_t s = s0; s < s1; ++s) {
-    const float* xr = x + s * k;
-    float* yr = y + s * d;
+  constexpr std::size_t L = lanes, G = portable_group_rows;
+  for (std::size_t sg = s0; sg < s1; sg += G) {
+    const std::size_t g = s1 - sg < G ? s1 - sg : G;
     for (std::size_t j = j0; j < d; ++j) {
       const float* uj = u + j * k;
-      float a[L] = {};
+      float a[G][L] = {};
       std::size_t i = 0;
       for (; i + L <= k; i += L)
-        for (std::size_t l = 0; l < L; ++l) a[l] = madd(xr[i + l], uj[i + l], a[l]);
-      for (std::size_t l = 0; i + l < k; ++l) a[l] = madd(xr[i + l], uj[i + l], a[l]);
-      yr[j] = lanes_sum(a) - offset[j];
+        for (std::size_t r = 0; r < g; ++r) {
+          const float* xr = x + (sg + r) * k + i;
+          for (std::size_t l = 0; l < L; ++l) a[r][l] = madd(xr[l], uj[i + l], a[r][l]);
+        }
+      for (std::size_t r = 0; r < g; ++r) {
+        const float* xr = x + (sg + r) * k;
+        for (std::size_t l = 0; i + l < k; ++l) a[r][l] = madd(xr[i + l], uj[i + l], a[r][l]);
+        y[(sg + r) * d + j] = lanes_sum(a[r]) - offset[j];
+      }
     }
   }
 }
 
 /// Eq. 5, the reference order, for columns [c0, c1) of slices [s0, s1).
-/// Portable code the compiler vectorises over the columns (blocks of 256).
+/// Portable code the compiler vectorises over the columns (blocks of 1024:
+/// each u_j is read in 4 KiB runs, which the prefetchers follow);
+/// up to portable_group_rows slices share each load of a block of u_j.
 inline void expand_rows_scalar(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
                                std::size_t k, std::size_t c0, std::size_t c1, const float* mu, float scale, bool add,
                                float* out) noexcept {
-  constexpr std::size_t C = 256;
-  float t[C];
-  for (std::size_t s = s0; s < s1; ++s) {
-    const float* yr = y + s * d;
-    float* orow = out + s * k;
+  constexpr std::size_t C = 1024, G = portable_group_rows;
+  float t[G][C];
+  for (std::size_t sg = s0; sg < s1; sg += G) {
+    const std::size_t g = s1 - sg < G ? s1 - sg : G;
     for (std::size_t cb = c0; cb < c1; cb += C) {
       const std::size_t m = c1 - cb < C ? c1 - cb : C;
-      float* o = orow + cb;
       const float* mc = mu + cb;
       if (d == 0) {
-        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], add ? o[c] : 0.0f);
+        for (std::size_t r = 0; r < g; ++r) {
+          float* o = out + (sg + r) * k + cb;
+          for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], add ? o[c] : 0.0f);
+        }
         continue;
       }
-      for (std::size_t c = 0; c < m; ++c) t[c] = 0.0f;
+      for (std::size_t r = 0; r < g; ++r)
+        for (std::size_t c = 0; c < m; ++c) t[r][c] = 0.0f;
       for (std::size_t j = 0; j < d; ++j) {
-        const float yj = yr[j];
         const float* uc = u + j * k + cb;
-        for (std::size_t c = 0; c < m; ++c) t[c] = madd(yj, uc[c], t[c]);
+        for (std::size_t r = 0; r < g; ++r) {
+          const float yj = y[(sg + r) * d + j];
+          for (std::size_t c = 0; c < m; ++c) t[r][c] = madd(yj, uc[c], t[r][c]);
+        }
       }
-      if (add) {
-        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], o[c] + t[c]);
-      } else {
-        for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], t[c]);
+      for (std::size_t r = 0; r < g; ++r) {
+        float* o = out + (sg + r) * k + cb;
+        if (add) {
+          for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], o[c] + t[r][c]);
+        } else {
+          for (std::size_t c = 0; c < m; ++c) o[c] = madd(scale, mc[c], t[r][c]);
+        }
       }
     }
   }
@@ -248,6 +270,20 @@ inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, cons
   for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, u, k, c, mu, scale, add, out);
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
 }
+
+/// Eq. 5 for the slices [s0, s1) left over by the blocks of
+/// expand_block_rows, in one block of their count (a 3x3 conv layer has 3):
+/// each basis value is then loaded once for all of them.
+template <bool Stream>
+inline void expand_rows_rest(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
+                             std::size_t k, const float* mu, float scale, bool add, float* out) noexcept {
+  const std::size_t rest = s1 - s0;
+  if constexpr (expand_block_rows > 3)
+    if (rest == 3) return expand_rows_block<3, Stream>(y, s0, d, u, k, mu, scale, add, out);
+  if constexpr (expand_block_rows > 2)
+    if (rest == 2) return expand_rows_block<2, Stream>(y, s0, d, u, k, mu, scale, add, out);
+  for (std::size_t s = s0; s < s1; ++s) expand_rows_block<1, Stream>(y, s, d, u, k, mu, scale, add, out);
+}
 #endif
 
 /// Eq. 3 for slices [s0, s1): y[s][j] = <x_s, u_j> - offset[j], every column.
@@ -269,9 +305,24 @@ inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::s
       for (std::size_t j = 0; j < d4; j += 4) compress_block<compress_block_rows>(x, s, k, u, j, d, offset, y);
       if (d4 < d) compress_rows_scalar(x, s, s + R, k, u, d4, d, offset, y);
     }
-    for (std::size_t s = blocked; s < s1; ++s) {
-      for (std::size_t j = 0; j < d4; j += 4) compress_block<1>(x, s, k, u, j, d, offset, y);
-      if (d4 < d) compress_rows_scalar(x, s, s + 1, k, u, d4, d, offset, y);
+    // The remaining slices in one block of their count (a 3x3 conv layer has
+    // 3): each basis value is then loaded once for all of them.
+    const std::size_t rest = s1 - blocked;
+    if (rest > 0) {
+      for (std::size_t j = 0; j < d4; j += 4) {
+        if constexpr (compress_block_rows > 3)
+          if (rest == 3) {
+            compress_block<3>(x, blocked, k, u, j, d, offset, y);
+            continue;
+          }
+        if constexpr (compress_block_rows > 2)
+          if (rest == 2) {
+            compress_block<2>(x, blocked, k, u, j, d, offset, y);
+            continue;
+          }
+        for (std::size_t s = blocked; s < s1; ++s) compress_block<1>(x, s, k, u, j, d, offset, y);
+      }
+      if (d4 < d) compress_rows_scalar(x, blocked, s1, k, u, d4, d, offset, y);
     }
     return;
   }
@@ -293,11 +344,11 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
                         reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
     if (stream) {
       for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out);
-      for (std::size_t s = blocked; s < s1; ++s) expand_rows_block<1, true>(y, s, d, u, k, mu, scale, add, out);
+      expand_rows_rest<true>(y, blocked, s1, d, u, k, mu, scale, add, out);
       _mm_sfence();  // the stores are visible before anything this thread does next
     } else {
       for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out);
-      for (std::size_t s = blocked; s < s1; ++s) expand_rows_block<1, false>(y, s, d, u, k, mu, scale, add, out);
+      expand_rows_rest<false>(y, blocked, s1, d, u, k, mu, scale, add, out);
     }
     return;
   }
