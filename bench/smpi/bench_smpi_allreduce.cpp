@@ -372,7 +372,7 @@ int calibrate() {
 /// per-element cost of the addition (thread CPU time, as the host speed), then the model's prediction of
 /// every schedule for each "N:floats" of `grid` (printed by rank 0 as MODEL / PICK lines). Nothing here
 /// sees the grid's measured times. Runs under smpirun -np 2 on a 2-node platform of the link class.
-int fit_model(const std::string& grid) {
+int fit_model(mpi_transport& transport, const std::string& grid) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -404,7 +404,11 @@ int fit_model(const std::string& grid) {
   mx /= double(xs.size()), my /= double(xs.size());
   double sxy = 0, sxx = 0;
   for (std::size_t i = 0; i < xs.size(); ++i) sxy += (xs[i] - mx) * (ys[i] - my), sxx += (xs[i] - mx) * (xs[i] - mx);
+  // The per-message cost (message_s): gradcomp::measure_message_seconds over the same mpi_transport the
+  // schedules use (a burst of 32 small messages each way against one), so it includes the transport's own
+  // work per message, which SMPI charges as computation (MPI's own calls are not charged).
   gradcomp::cost_model model;
+  model.message_s = gradcomp::measure_message_seconds(transport, 32, 4);
   model.inter.seconds_per_byte = sxy / sxx;
   model.inter.latency_s = std::max(0.0, my - model.inter.seconds_per_byte * mx);
   model.intra = model.inter;
@@ -416,8 +420,9 @@ int fit_model(const std::string& grid) {
                   gb::do_not_optimize(acc[n / 3]);
                 }) / double(n);
   if (rank != 0) return 0;
-  std::printf("MODEL latency_s=%.6g seconds_per_byte=%.6g gbit=%.4g add_s=%.4g chunk=%zu\n", model.inter.latency_s,
-              model.inter.seconds_per_byte, 8e-9 / model.inter.seconds_per_byte, model.add_s, model.chunk_elements);
+  std::printf("MODEL latency_s=%.6g seconds_per_byte=%.6g gbit=%.4g add_s=%.4g message_s=%.4g chunk=%zu\n",
+              model.inter.latency_s, model.inter.seconds_per_byte, 8e-9 / model.inter.seconds_per_byte, model.add_s,
+              model.message_s, model.chunk_elements);
   for (std::size_t at = 0; at < grid.size();) {
     std::size_t end = grid.find(',', at);
     if (end == std::string::npos) end = grid.size();
@@ -473,8 +478,8 @@ int main(int argc, char** argv) {
   if (do_calibrate) return calibrate();
 
   gradcomp::transport::mpi_environment env(&argc, &argv);
-  if (do_model) return fit_model(model_grid);
   mpi_transport transport(MPI_COMM_WORLD);
+  if (do_model) return fit_model(transport, model_grid);
   context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, {}};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {

@@ -406,10 +406,11 @@ TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) st
     }
   });
   REQUIRE_FALSE(saved.empty());
-  // The same state as version 1 wrote it: five predictions per entry.
-  const std::size_t head = 8 + 6 * 8 + 4 * 8, entry = 8 + 3 + 8 * gradcomp::schedule_kind_count;
+  // The same state as version 1 wrote it: no message_s, five predictions per entry.
+  const std::size_t head = 8 + 7 * 8 + 4 * 8, entry = 8 + 3 + 8 * gradcomp::schedule_kind_count;
   REQUIRE(v2.size() == head + saved.size() * entry);
-  std::vector<std::byte> v1(v2.begin(), v2.begin() + std::ptrdiff_t(head));
+  std::vector<std::byte> v1(v2.begin(), v2.begin() + std::ptrdiff_t(8 + 6 * 8));  // magic, version, 6 doubles
+  v1.insert(v1.end(), v2.begin() + std::ptrdiff_t(8 + 7 * 8), v2.begin() + std::ptrdiff_t(head));
   const std::uint32_t one = 1;
   std::memcpy(v1.data() + 4, &one, 4);
   for (std::size_t i = 0; i < saved.size(); ++i) {
@@ -426,8 +427,64 @@ TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) st
     CHECK(std::isinf(got[i].decision.predicted[std::size_t(schedule_kind::direct)]));
     CHECK(got[i].decision.predicted[0] == saved[i].decision.predicted[0]);
   }
-  // Truncated version-2 bytes are refused.
+  CHECK(c.model().message_s == 0.0);
+  // Version 2: version 1's head with six predictions per entry.
+  std::vector<std::byte> two(v1.begin(), v1.begin() + std::ptrdiff_t(8 + 6 * 8 + 4 * 8));
+  const std::uint32_t version2 = 2;
+  std::memcpy(two.data() + 4, &version2, 4);
+  two.insert(two.end(), v2.begin() + std::ptrdiff_t(head), v2.end());
+  gx::auto_collectives<> c2(opt);
+  c2.restore_state(two);
+  REQUIRE(c2.decisions().size() == saved.size());
+  CHECK(c2.decisions()[0].decision.predicted == saved[0].decision.predicted);
+  // Truncated current bytes are refused.
   std::vector<std::byte> cut(v2.begin(), v2.end() - 1);
   gx::auto_collectives<> d(opt);
   CHECK_THROWS_AS(d.restore_state(cut), gradcomp::state_error);
+}
+
+TEST_CASE("auto_collectives: the model's message_s is saved and restored") {
+  gx::auto_collectives_options opt;
+  opt.model = plain_model(1e-3, 1e-9, 1e-9);
+  opt.model.message_s = 7.5e-6;
+  opt.calibrate = false;
+  gx::auto_collectives<> a(opt);
+  gx::auto_collectives_options zero = opt;
+  zero.model.message_s = 0;
+  gx::auto_collectives<> b(zero);
+  b.restore_state(a.save_state());
+  CHECK(b.model().message_s == 7.5e-6);
+}
+
+TEST_CASE("cost model: message_s is paid per message, 2(N-1)k for direct and k per Rabenseifner hop") {
+  cost_model m = plain_model(20e-6, 8e-11, 0.5e-9);  // 100 Gbit/s, 20 us
+  m.price_direct = true;
+  m.chunk_elements = 32768;
+  const cost_problem p{.elements = 262144, .ranks = 64};
+  const double direct0 = gradcomp::predict_seconds(m, schedule_kind::direct, p);
+  const double rab0 = gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p);
+  const double ring0 = gradcomp::predict_seconds(m, schedule_kind::ring, p);
+  m.message_s = 10e-6;
+  // 4096 floats per peer: one chunk, 2 x 63 messages
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(direct0 + 126 * 10e-6).epsilon(1e-12));
+  // 6 halving and 6 doubling hops; the two largest parts (131072 and 65536 floats) go as 4 and 2
+  // chunks of 32768: 2 x (4 + 2 + 1 + 1 + 1 + 1) = 20 messages
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(rab0 + 20 * 10e-6).epsilon(1e-12));
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::ring, p) == doctest::Approx(ring0 + 126 * 10e-6).epsilon(1e-12));
+  // with 10 us a message, direct's 126 messages cost more than Rabenseifner's log-depth hops
+  CHECK(gradcomp::predict(m, p).best == schedule_kind::rabenseifner);
+  m.message_s = 0;
+  CHECK(gradcomp::predict(m, p).best == schedule_kind::direct);
+}
+
+TEST_CASE("measure_message_seconds: one value on every rank, from a burst between ranks 0 and 1") {
+  for (int n : {1, 2, 3}) {
+    std::vector<double> got(std::size_t(n), -1.0);
+    run_workers(n, [&](inproc_endpoint& ep) { got[std::size_t(ep.rank())] = gradcomp::measure_message_seconds(ep, 16, 2); });
+    for (double g : got) {
+      CHECK(g >= 0.0);
+      CHECK(g == got[0]);
+    }
+    if (n == 1) CHECK(got[0] == 0.0);
+  }
 }

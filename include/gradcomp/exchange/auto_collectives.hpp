@@ -93,13 +93,14 @@ class auto_collectives {
       const auto* q = static_cast<const std::byte*>(p);
       b.insert(b.end(), q, q + n);
     };
-    // Version 2: one predicted time per schedule kind, direct (5) included;
-    // version 1 (before the direct schedule) had five and is still read.
-    const std::uint32_t magic = 0x43534347u, version = 2;  // "GCSC"
+    // Version 3: the model's message_s after message_overhead_s. Version 2
+    // (without it) and version 1 (before the direct schedule: five
+    // predictions) are still read.
+    const std::uint32_t magic = 0x43534347u, version = 3;  // "GCSC"
     put(&magic, 4);
     put(&version, 4);
     const double md[] = {model_.inter.latency_s, model_.inter.seconds_per_byte, model_.intra.latency_s,
-                         model_.intra.seconds_per_byte, model_.add_s, model_.message_overhead_s};
+                         model_.intra.seconds_per_byte, model_.add_s, model_.message_overhead_s, model_.message_s};
     put(md, sizeof md);
     const std::int64_t mi[] = {model_.group_size, static_cast<std::int64_t>(model_.chunk_elements), calibrated_ ? 1 : 0,
                                static_cast<std::int64_t>(decisions_.size())};
@@ -125,13 +126,13 @@ class auto_collectives {
     std::uint32_t magic = 0, version = 0;
     get(&magic, 4);
     get(&version, 4);
-    if (magic != 0x43534347u || (version != 1 && version != 2))
+    if (magic != 0x43534347u || version < 1 || version > 3)
       throw state_error("auto_collectives::restore_state: not a schedule state");
     // Version 1 predates schedule_kind::direct: five predictions, direct unpriced (+inf).
     const std::size_t kinds = version == 1 ? 5 : schedule_kind_count;
-    double md[6];
+    double md[7] = {};
     std::int64_t mi[4];
-    get(md, sizeof md);
+    get(md, sizeof(double) * (version >= 3 ? 7 : 6));  // before version 3: message_s 0 (not modelled)
     get(mi, sizeof mi);
     if (mi[3] < 0 || mi[0] < 0 || mi[1] < 0) throw state_error("auto_collectives::restore_state: bad counts");
     cost_model m;
@@ -139,6 +140,7 @@ class auto_collectives {
     m.intra = {md[2], md[3]};
     m.add_s = md[4];
     m.message_overhead_s = md[5];
+    m.message_s = md[6];
     m.group_size = static_cast<int>(mi[0]);
     m.chunk_elements = static_cast<std::size_t>(mi[1]);
     m.max_chunks = model_.max_chunks;  // a setting of this process, not agreed state: changes no bit

@@ -28,6 +28,23 @@
 
 namespace gradcomp {
 
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// The clock a transport's measurements run on: its own `clock` where it has
+/// one (mpi_transport: MPI_Wtime, the simulated time under SMPI), else
+/// std::chrono::steady_clock.
+template <class T>
+struct transport_clock {
+  using type = std::chrono::steady_clock;
+};
+template <class T>
+  requires requires { typename T::clock; }
+struct transport_clock<T> {
+  using type = typename T::clock;
+};
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
 /// Default tag of the cost model's messages (ping-pong, broadcasts): the third
 /// of the schedules' range (the schedules use the first two).
 inline constexpr int schedule_agreement_tag = tags::schedules.first + 2;
@@ -74,10 +91,11 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
   link_cost l = fallback;
   if (r < 2) {
     const int peer = 1 - r;
+    using clock = typename detail::transport_clock<T>::type;
     auto round_trip = [&](std::size_t bytes) {
       double best = std::numeric_limits<double>::infinity();
       for (int i = -1; i < repeats; ++i) {  // one warm-up
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = clock::now();
         if (r == 0) {
           t.isend(peer, tag, std::vector<std::byte>(bytes)).wait();
           (void)t.irecv(peer, tag).wait();
@@ -85,7 +103,7 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
           auto m = t.irecv(peer, tag).wait();
           t.isend(peer, tag, std::move(m.bytes)).wait();
         }
-        if (i >= 0) best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
       }
       return best;
     };
@@ -103,15 +121,78 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
   return l;
 }
 
+/// Measures the CPU time of one message between ranks 0 and 1 (the cost
+/// model's message_s) the way the schedules move theirs (a ZeroCopyTransport
+/// through isend_view / irecv_into, every receive posted before the first
+/// wait): a burst of `burst` 4-byte messages each way against one message
+/// each way (best of `repeats` after a warm-up), (T_burst - T_one) /
+/// (2 (burst - 1)). Collective like measure_link (rank 0's value
+/// broadcast); N = 1: 0.
+template <Transport T>
+double measure_message_seconds(T& t, int burst = 32, int repeats = 5, int tag = schedule_agreement_tag) {
+  const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
+  if (n == 1) return 0.0;
+  double per_message = 0.0;
+  if (r < 2) {
+    const int peer = 1 - r;
+    using clock = typename detail::transport_clock<T>::type;
+    const int b = std::max(2, burst);
+    std::vector<std::uint32_t> words_out(static_cast<std::size_t>(b), 1u), words_in(static_cast<std::size_t>(b));
+    auto send_all = [&](int count) {
+      if constexpr (ZeroCopyTransport<T>) {
+        std::vector<decltype(t.isend_view(0, 0, std::span<const std::byte>{}))> sends;
+        for (int k = 0; k < count; ++k)
+          sends.push_back(t.isend_view(peer, tag, std::as_bytes(std::span<const std::uint32_t>(&words_out[std::size_t(k)], 1))));
+        for (auto& h : sends) h.wait();
+      } else {
+        std::vector<decltype(t.isend(0, 0, std::vector<std::byte>{}))> sends;
+        for (int k = 0; k < count; ++k) sends.push_back(t.isend(peer, tag, std::vector<std::byte>(4)));
+        for (auto& h : sends) h.wait();
+      }
+    };
+    auto receive_all = [&](int count) {
+      if constexpr (ZeroCopyTransport<T>) {
+        std::vector<decltype(t.irecv_into(0, 0, std::span<std::byte>{}))> recvs;
+        for (int k = 0; k < count; ++k)
+          recvs.push_back(t.irecv_into(peer, tag, std::as_writable_bytes(std::span<std::uint32_t>(&words_in[std::size_t(k)], 1))));
+        for (auto& h : recvs) (void)h.wait();
+      } else {
+        std::vector<decltype(t.irecv(0, 0))> recvs;
+        for (int k = 0; k < count; ++k) recvs.push_back(t.irecv(peer, tag));
+        for (auto& h : recvs) (void)h.wait();
+      }
+    };
+    auto exchange = [&](int count) {
+      double best = std::numeric_limits<double>::infinity();
+      for (int i = -1; i < repeats; ++i) {
+        const auto t0 = clock::now();
+        if (r == 0) send_all(count), receive_all(count);
+        else receive_all(count), send_all(count);
+        if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+      }
+      return best;
+    };
+    const double one = exchange(1), many = exchange(b);
+    per_message = std::max(0.0, many - one) / (2.0 * double(b - 1));
+  }
+  std::vector<std::byte> buf(sizeof(double));
+  std::memcpy(buf.data(), &per_message, sizeof(double));
+  broadcast_bytes(t, buf, tag);
+  if (buf.size() != sizeof(double)) throw transport_error("measure_message_seconds: malformed broadcast");
+  std::memcpy(&per_message, buf.data(), sizeof(double));
+  return per_message;
+}
+
 /// A cost model of transport `t`: the ping-pong's link (both levels, unless
 /// `base` has a group size: then only `inter` is measured and `intra` is
-/// kept as given) and the policy's measured addition cost, rank 0's values
-/// broadcast. Collective.
+/// kept as given), the per-message cost of a burst (message_s) and the
+/// policy's measured addition cost, rank 0's values broadcast. Collective.
 template <ExecutionPolicy Policy = execution::seq, Transport T>
 cost_model calibrate(T& t, cost_model base = {}, int tag = schedule_agreement_tag) {
   cost_model m = base;
   m.inter = measure_link(t, std::size_t(1) << 20, 5, tag, base.inter);
   if (m.group_size <= 1) m.intra = m.inter;
+  m.message_s = measure_message_seconds(t, 32, 5, tag);
   double add = measure_add_seconds<Policy>();
   std::vector<std::byte> b(sizeof(double));
   std::memcpy(b.data(), &add, sizeof add);

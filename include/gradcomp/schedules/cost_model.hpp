@@ -51,6 +51,13 @@ struct cost_model {
   link_cost intra;                     ///< inside a group (hierarchical schedule)
   double add_s = 0.5e-9;               ///< one float addition, memory traffic included (s per element)
   double message_overhead_s = 2e-6;    ///< CPU time per extra message of a chunked hop (s)
+  /// CPU time of one message on the critical path: posting it, matching and
+  /// completing it at the receiver (s; measured with a burst of small
+  /// messages: measure_message_seconds; 0: not modelled). Every schedule
+  /// pays it per message a rank sends, which is what grows with N in the
+  /// direct schedule (2(N-1) messages per rank) and not in Rabenseifner
+  /// (2 log2 N).
+  double message_s = 0.0;
   int group_size = 0;                  ///< hierarchical groups (0: none, the hierarchical schedule is not priced)
   std::size_t chunk_elements = 32768;  ///< chunk of the pipelined schedules (floats)
   /// Rabenseifner and direct: the most messages per exchange
@@ -88,8 +95,9 @@ inline double cost_hop(const link_cost& l, double bytes, double adds, const cost
                        bool capped = false) {
   const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
   const double k = pipelined ? cost_chunks(std::max(adds, bytes / 4.0), m, capped) : 1.0;
-  if (k <= 1.0) return l.latency_s + wire + add;
-  return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s;
+  if (k <= 1.0) return l.latency_s + wire + add + m.message_s;
+  return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s +
+         k * m.message_s;
 }
 
 inline int cost_pof2(int n) noexcept {
@@ -115,7 +123,8 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  each chunk's all-gather sent as soon as it is summed: alpha + A/k + max(w, A (k-1)/k)
 ///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
 ///                  the additions, and not the first chunk's; dense only)
-/// plus, for a codec, (encode_s + decode_s) x elements. gamma = add_s.
+/// plus, for a codec, (encode_s + decode_s) x elements, and message_s per message a rank sends (a hop's
+/// chunks; direct: 2(N-1)k). gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
   const int n = std::max(1, p.ranks);
@@ -162,7 +171,8 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
       return (m.inter.latency_s + wire) +
-             (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k) + (k - 1.0) * m.message_overhead_s);
+             (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k) + (k - 1.0) * m.message_overhead_s) +
+             2.0 * double(n - 1) * k * m.message_s;
     }
     case schedule_kind::library: return inf;
   }
