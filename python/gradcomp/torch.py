@@ -248,8 +248,9 @@ class CompressionState:
         stats["hook_seconds"] += time.perf_counter() - t0
         stats["comm_seconds"] += comm
         stats["extra_collectives"] = ex.extra_collectives
-        # a CUDA bucket's future must name its device (torch refuses a result on a device the
-        # future was not made for); the copy back above ran on the current stream, as DDP expects
+        # a CUDA bucket's future names its device: it then records the current stream, on which the
+        # copy back above ran, and a consumer on another stream waits for it (DDP itself uses the
+        # current stream; a future without devices also passed the CUDA test, torch 2.11)
         fut = torch.futures.Future(devices=[buf.device]) if buf.device.type == "cuda" else torch.futures.Future()
         fut.set_result(buf)
         return fut
