@@ -45,17 +45,6 @@ std::string load_average() {
   return a + " " + b + " " + c;
 }
 
-// Normal(0, sigma) floats (Box-Muller on the counter RNG).
-std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, float sigma) {
-  const auto s = detail::counter_rng(seed).stream(0);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
-    v[i] = sigma * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-  return v;
-}
-
 struct variant {
   const char* name = "";
   double seconds = 0.0;
@@ -132,7 +121,7 @@ int main(int argc, char** argv) {
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   std::printf("Thrust OpenMP backend vs seq and simd; load average before: %s; OMP_WAIT_POLICY=%s\n",
               load_average().c_str(), wait ? wait : "(unset: active)");
-  const auto g = normal_floats(n, 1, 1e-3f);
+  const auto g = bench::normal_floats(n, 1, 1e-3f);
   const double triad1 = omp_triad_gbps(n, 1, repeats), triad2 = omp_triad_gbps(n, 2, repeats);
   std::printf("baseline: OpenMP STREAM triad %.1f GB/s on 1 thread, %.1f GB/s on 2 threads (x %.2f)\n", triad1, triad2,
               triad2 / triad1);

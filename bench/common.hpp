@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,17 @@ inline double best_seconds(int repeats, const std::function<void()>& fn) {
     best = std::min(best, s);
   }
   return best;
+}
+
+/// n floats ~ Normal(0, sigma) from the counter RNG (Box-Muller), the same for a seed everywhere.
+inline std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, float sigma) {
+  const auto s = gradcomp::detail::counter_rng(seed).stream(0);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
+    v[i] = sigma * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+  return v;
 }
 
 /// Keeps the optimiser from deleting a computation whose result is unused.

@@ -25,12 +25,12 @@
 
 #include <cuda_runtime.h>
 
-#include <gradcomp/detail/random.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/samomentum.hpp>
 #include <gradcomp/two_bit.hpp>
 #include <gradcomp/wire.hpp>
 
+#include "../common.hpp"
 #include "gradiveq_cuda_bench.hpp"
 
 using namespace gradcomp;
@@ -45,23 +45,13 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-std::vector<float> normal_floats(std::size_t n, std::uint64_t seed, float sigma) {
-  const auto s = detail::counter_rng(seed).stream(0);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double u1 = 1.0 - s.uniform_double(2 * i), u2 = s.uniform_double(2 * i + 1);
-    v[i] = sigma * static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-  }
-  return v;
-}
-
 // The PCIe round trip of n floats from and to pageable host memory: what
 // every thrust_cuda call on host-resident state pays at least.
 double pcie_round_trip_seconds(std::size_t n, int repeats) {
   std::vector<float> host(n, 1.0f), back(n);
   float* dev = nullptr;
   check(cudaMalloc(&dev, n * sizeof(float)), "cudaMalloc");
-  const double t = gradcomp_bench::best_wall_seconds(repeats, [&] {
+  const double t = gradcomp::bench::best_seconds(repeats, [&] {
     check(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
     check(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
   });
@@ -84,8 +74,8 @@ row time_encode(const char* name, Seq a, Cuda b, const std::vector<float>& g, in
   a.encode(g, pa);
   b.encode(g, pb);
   r.same = wire::serialize(pa) == wire::serialize(pb);
-  r.seq = gradcomp_bench::best_wall_seconds(repeats, [&] { a.encode(g, pa); });
-  r.cuda = gradcomp_bench::best_wall_seconds(repeats, [&] { b.encode(g, pb); });
+  r.seq = gradcomp::bench::best_seconds(repeats, [&] { a.encode(g, pa); });
+  r.cuda = gradcomp::bench::best_seconds(repeats, [&] { b.encode(g, pb); });
   return r;
 }
 
@@ -104,7 +94,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("device: %s; %zu floats (%.1f MB); seq on one host core\n", prop.name, n, 4e-6 * double(n));
-  const auto g = normal_floats(n, 1, 1e-3f);
+  const auto g = gradcomp::bench::normal_floats(n, 1, 1e-3f);
 
   const double floor = pcie_round_trip_seconds(n, repeats);
   std::printf("baseline: PCIe round trip of the gradient (pageable) %.3f ms (%.1f GB/s each way)\n", floor * 1e3,

@@ -5,6 +5,7 @@
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/gradiveq.hpp>
 
+#include "../common.hpp"
 #include "gradiveq_cuda_bench.hpp"
 
 using namespace gradcomp;
@@ -42,11 +43,11 @@ gradcomp_bench::gradiveq_times gradcomp_bench::time_gradiveq(const std::vector<f
   b.fit();
   gradiveq_times t;
   gradiveq_payload pa, pb;
-  t.seq_encode = best_wall_seconds(repeats, [&] { a.encode(g, pa); });
-  t.cuda_encode = best_wall_seconds(repeats, [&] { b.encode(g, pb); });
+  t.seq_encode = gradcomp::bench::best_seconds(repeats, [&] { a.encode(g, pa); });
+  t.cuda_encode = gradcomp::bench::best_seconds(repeats, [&] { b.encode(g, pb); });
   std::vector<float> da(m), db(m);
-  t.seq_decode = best_wall_seconds(repeats, [&] { a.decode(pa, da); });
-  t.cuda_decode = best_wall_seconds(repeats, [&] { b.decode(pa, db); });
+  t.seq_decode = gradcomp::bench::best_seconds(repeats, [&] { a.decode(pa, da); });
+  t.cuda_decode = gradcomp::bench::best_seconds(repeats, [&] { b.decode(pa, db); });
   float scale_c = 0.0f, scale_d = 0.0f;
   const float worst_c = max_abs_difference(pa.coefficients, pb.coefficients, scale_c);
   const float worst_d = max_abs_difference(da, db, scale_d);
