@@ -20,16 +20,20 @@ status=0
 { nvidia-smi -L; nvcc --version | tail -n 2; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())'; nproc; } 2>&1 | tee "$out/machine.txt"
 
 bin=build-cuda
-if [ ! -x $bin/tests/cuda/test_cuda_thrust ] || ldd $bin/tests/cuda/test_cuda_thrust $bin/bench/cuda/bench_*_cuda | grep -q "not found"; then
+prebuilt_ok=1
+for prog in tests/cuda/test_cuda_thrust bench/cuda/bench_thrust_cuda bench/cuda/bench_lgc_cuda; do
+  if [ ! -x "$bin/$prog" ] || ldd "$bin/$prog" 2>&1 | grep -q "not found"; then prebuilt_ok=0; fi
+done
+if [ "$prebuilt_ok" = 0 ]; then
   echo "prebuilt binaries missing or not loadable: building with nvcc" | tee -a "$out/machine.txt"
   bin=/tmp/cuda-build
   mkdir -p $bin/tests/cuda $bin/bench/cuda
   eigen=${EIGEN_INCLUDE:-.devdeps/eigen3}
   flags=(-O3 -std=c++20 -arch=sm_90 -DGRADCOMP_HAS_THRUST=1 -Iinclude -isystem "$eigen" -diag-suppress=20012,20013,20014,20015)
-  nvcc "${flags[@]}" tests/cuda/*.cu -lcublas -o $bin/tests/cuda/test_cuda_thrust &
-  nvcc "${flags[@]}" bench/cuda/bench_thrust_cuda.cu bench/cuda/gradiveq_cuda_bench.cu -lcublas -o $bin/bench/cuda/bench_thrust_cuda &
-  nvcc "${flags[@]}" bench/cuda/bench_lgc_cuda.cu bench/cuda/lgc_bench_layout.cpp -lcublas -o $bin/bench/cuda/bench_lgc_cuda &
-  wait
+  nvcc "${flags[@]}" tests/cuda/*.cu -lcublas -o $bin/tests/cuda/test_cuda_thrust & p1=$!
+  nvcc "${flags[@]}" bench/cuda/bench_thrust_cuda.cu bench/cuda/gradiveq_cuda_bench.cu -lcublas -o $bin/bench/cuda/bench_thrust_cuda & p2=$!
+  nvcc "${flags[@]}" bench/cuda/bench_lgc_cuda.cu bench/cuda/lgc_bench_layout.cpp -lcublas -o $bin/bench/cuda/bench_lgc_cuda & p3=$!
+  for p in $p1 $p2 $p3; do wait "$p" || { echo "nvcc failed" | tee -a "$out/machine.txt"; status=1; }; done
 fi
 for prog in tests/cuda/test_cuda_thrust bench/cuda/bench_thrust_cuda bench/cuda/bench_lgc_cuda; do
   name=$(basename $prog)

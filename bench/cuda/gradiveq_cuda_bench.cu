@@ -17,7 +17,8 @@ float max_abs_difference(const std::vector<float>& a, const std::vector<float>& 
   float worst = 0.0f;
   scale = 0.0f;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::fmax(worst, std::fabs(a[i] - b[i]));
+    const float diff = std::fabs(a[i] - b[i]);
+    if (!(diff <= worst)) worst = diff;  // a NaN on either side makes worst NaN: never "close"
     scale = std::fmax(scale, std::fabs(a[i]));
   }
   return a.size() == b.size() ? worst : INFINITY;

@@ -14,9 +14,22 @@ import workers
 
 CODECS = ["dense", "gradiveq", "qsgd", "two_bit", "top_k", "powersgd", "fp16", "bf16", "homomorphic"]
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
+def test_the_twin_harness_on_cpu_buckets():
+    """The harness of the CUDA test on CPU buckets (runs everywhere): a twin state on a host copy of
+    every bucket gives the hook's own result bit for bit, so a difference on CUDA is the device path's."""
+    codecs = ["dense", "gradiveq", "powersgd"]
+    per_rank = h.unwrap(h.spawn(2, workers.cuda_against_host, codecs, 6, "cpu"))
+    for codec in codecs:
+        results = [r[codec] for r in per_rank]
+        for res in results:
+            assert res["devices"] == ["cpu"] and res["buckets"] >= 3 * 6 and not res["differing"], (codec, res)
+        assert len({r["digest"] for r in results}) == 1, codec
+
+
+@needs_cuda
 def test_cuda_buckets_give_the_host_result_bit_for_bit():
     per_rank = h.unwrap(h.spawn(2, workers.cuda_against_host, CODECS))
     for codec in CODECS:

@@ -477,13 +477,20 @@ TEST_CASE("cost model: message_s is paid per message, 2(N-1)k for direct and k p
   CHECK(gradcomp::predict(m, p).best == schedule_kind::direct);
 }
 
-TEST_CASE("measure_message_seconds: one value on every rank, from a burst between ranks 0 and 1") {
-  for (int n : {1, 2, 3}) {
+TEST_CASE("measure_message_seconds: one value on every rank, from bursts in pairs (odd N: the last idles)") {
+  for (int n : {1, 2, 3, 4, 5}) {
     std::vector<double> got(std::size_t(n), -1.0);
-    run_workers(n, [&](inproc_endpoint& ep) { got[std::size_t(ep.rank())] = gradcomp::measure_message_seconds(ep, 16, 2); });
-    for (double g : got) {
-      CHECK(g >= 0.0);
-      CHECK(g == got[0]);
+    std::vector<double> zero_copy(std::size_t(n), -1.0);
+    run_workers(n, [&](inproc_endpoint& ep) {
+      got[std::size_t(ep.rank())] = gradcomp::measure_message_seconds(ep, 16, 2);
+      auto z = ep.zero_copy();  // the isend_view / irecv_into face the schedules use
+      zero_copy[std::size_t(ep.rank())] = gradcomp::measure_message_seconds(z, 16, 2);
+    });
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i] >= 0.0);
+      CHECK(got[i] == got[0]);
+      CHECK(zero_copy[i] >= 0.0);
+      CHECK(zero_copy[i] == zero_copy[0]);
     }
     if (n == 1) CHECK(got[0] == 0.0);
   }

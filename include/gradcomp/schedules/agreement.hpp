@@ -121,20 +121,23 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
   return l;
 }
 
-/// Measures the CPU time of one message between ranks 0 and 1 (the cost
-/// model's message_s) the way the schedules move theirs (a ZeroCopyTransport
-/// through isend_view / irecv_into, every receive posted before the first
-/// wait): a burst of `burst` 4-byte messages each way against one message
-/// each way (best of `repeats` after a warm-up), (T_burst - T_one) /
-/// (2 (burst - 1)). Collective like measure_link (rank 0's value
-/// broadcast); N = 1: 0.
+/// Measures the CPU time of one message (the cost model's message_s) the
+/// way the schedules move theirs (a ZeroCopyTransport through isend_view /
+/// irecv_into, every receive posted before the first wait): a burst of
+/// `burst` 4-byte messages each way against one message each way (best of
+/// `repeats` after a warm-up), (T_burst - T_one) / (2 (burst - 1)). Every
+/// rank takes part at once, in pairs (2i, 2i+1; the last of an odd N
+/// idles), so the cost is the one of a node while all N are at work (in a
+/// simulation of N ranks on one host that includes what the others leave
+/// in the caches). Collective; rank 0's value (its pair's) is broadcast;
+/// N = 1: 0.
 template <Transport T>
 double measure_message_seconds(T& t, int burst = 32, int repeats = 5, int tag = schedule_agreement_tag) {
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
   if (n == 1) return 0.0;
   double per_message = 0.0;
-  if (r < 2) {
-    const int peer = 1 - r;
+  if ((r ^ 1) < n) {
+    const int peer = r ^ 1;
     using clock = typename detail::transport_clock<T>::type;
     const int b = std::max(2, burst);
     std::vector<std::uint32_t> words_out(static_cast<std::size_t>(b), 1u), words_in(static_cast<std::size_t>(b));
@@ -166,7 +169,7 @@ double measure_message_seconds(T& t, int burst = 32, int repeats = 5, int tag = 
       double best = std::numeric_limits<double>::infinity();
       for (int i = -1; i < repeats; ++i) {
         const auto t0 = clock::now();
-        if (r == 0) send_all(count), receive_all(count);
+        if (r % 2 == 0) send_all(count), receive_all(count);
         else receive_all(count), send_all(count);
         if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
       }

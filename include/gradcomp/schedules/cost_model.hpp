@@ -50,13 +50,16 @@ struct cost_model {
   link_cost inter;                     ///< between groups (every link when there are no groups)
   link_cost intra;                     ///< inside a group (hierarchical schedule)
   double add_s = 0.5e-9;               ///< one float addition, memory traffic included (s per element)
-  double message_overhead_s = 2e-6;    ///< CPU time per extra message of a chunked hop (s)
+  /// CPU time per extra message of a chunked hop (s), used while message_s
+  /// is 0 (not measured); a measured message_s replaces it.
+  double message_overhead_s = 2e-6;
   /// CPU time of one message on the critical path: posting it, matching and
   /// completing it at the receiver (s; measured with a burst of small
   /// messages: measure_message_seconds; 0: not modelled). Every schedule
   /// pays it per message a rank sends, which is what grows with N in the
   /// direct schedule (2(N-1) messages per rank) and not in Rabenseifner
-  /// (2 log2 N).
+  /// (2 log2 N). When it is > 0 it replaces message_overhead_s (one
+  /// per-message cost, never both).
   double message_s = 0.0;
   int group_size = 0;                  ///< hierarchical groups (0: none, the hierarchical schedule is not priced)
   std::size_t chunk_elements = 32768;  ///< chunk of the pipelined schedules (floats)
@@ -88,6 +91,12 @@ inline double cost_chunks(double elems, const cost_model& m, bool capped) {
   return k;
 }
 
+/// The CPU cost of a hop's k messages beyond the first's latency: k
+/// message_s when measured, else the (k-1) extra chunks' message_overhead_s.
+inline double cost_messages(double k, const cost_model& m) {
+  return m.message_s > 0.0 ? k * m.message_s : (k - 1.0) * m.message_overhead_s;
+}
+
 /// A hop moving `bytes` and adding `adds` elements, in chunks (receive, add
 /// and send overlap: the slower of the two plus one chunk of the other).
 /// `capped`: at most m.max_chunks chunks (cost_chunks).
@@ -96,8 +105,7 @@ inline double cost_hop(const link_cost& l, double bytes, double adds, const cost
   const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
   const double k = pipelined ? cost_chunks(std::max(adds, bytes / 4.0), m, capped) : 1.0;
   if (k <= 1.0) return l.latency_s + wire + add + m.message_s;
-  return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + (k - 1.0) * m.message_overhead_s +
-         k * m.message_s;
+  return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + cost_messages(k, m);
 }
 
 inline int cost_pof2(int n) noexcept {
@@ -170,9 +178,12 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       const double k = detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
-      return (m.inter.latency_s + wire) +
-             (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k) + (k - 1.0) * m.message_overhead_s) +
-             2.0 * double(n - 1) * k * m.message_s;
+      // message_s (when measured): every one of the 2(N-1)k messages a rank sends, in place of the
+      // chunks' message_overhead_s
+      const double messages = m.message_s > 0.0 ? 2.0 * double(n - 1) * k * m.message_s
+                                                : (k - 1.0) * m.message_overhead_s;
+      return (m.inter.latency_s + wire) + (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k)) +
+             messages;
     }
     case schedule_kind::library: return inf;
   }
