@@ -473,6 +473,11 @@ TEST_CASE("cost model: message_s is paid per message, 2(N-1)k for direct and k p
   CHECK(gradcomp::predict_seconds(m, schedule_kind::ring, p) == doctest::Approx(ring0 + 126 * 10e-6).epsilon(1e-12));
   // with 10 us a message, direct's 126 messages cost more than Rabenseifner's log-depth hops
   CHECK(gradcomp::predict(m, p).best == schedule_kind::rabenseifner);
+  // a measured message_s replaces the chunks' message_overhead_s: never both
+  m.message_overhead_s = 5e-6;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) == doctest::Approx(rab0 + 20 * 10e-6).epsilon(1e-12));
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(direct0 + 126 * 10e-6).epsilon(1e-12));
+  m.message_overhead_s = 0;
   m.message_s = 0;
   CHECK(gradcomp::predict(m, p).best == schedule_kind::direct);
 }
