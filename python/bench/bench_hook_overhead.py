@@ -113,12 +113,18 @@ def spawn(world, fn, args):
 
 # ---- demo model -----------------------------------------------------------------
 
+def demo_batches(rank, batch):
+    """The 4 random batches of 28x28 images and labels a rank of the demo benches cycles through."""
+    g = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(batch, 1, 28, 28, generator=g) for _ in range(4)]
+    ys = [torch.randint(0, 10, (batch,), generator=g) for _ in range(4)]
+    return xs, ys
+
+
 def demo_worker(rank, world, args):
     from torch.nn.parallel import DistributedDataParallel as DDP
     import gradcomp.torch as gt
-    g = torch.Generator().manual_seed(rank)
-    xs = [torch.randn(args.batch, 1, 28, 28, generator=g) for _ in range(4)]
-    ys = [torch.randint(0, 10, (args.batch,), generator=g) for _ in range(4)]
+    xs, ys = demo_batches(rank, args.batch)
     results = {}
     for name in ["allreduce"] + args.hooks:
         if name == "bf16" and not gt.supports_all_reduce(torch.bfloat16):
@@ -182,9 +188,7 @@ def demo(args):
 def gradiveq_phases_worker(rank, world, args):
     from torch.nn.parallel import DistributedDataParallel as DDP
     import gradcomp.torch as gt
-    g = torch.Generator().manual_seed(rank)
-    xs = [torch.randn(args.batch, 1, 28, 28, generator=g) for _ in range(4)]
-    ys = [torch.randint(0, 10, (args.batch,), generator=g) for _ in range(4)]
+    xs, ys = demo_batches(rank, args.batch)
     torch.manual_seed(1)
     model = small_resnet()
     ddp = DDP(model)

@@ -2,8 +2,9 @@
 /// \file schedules/agreement.hpp
 /// The measured parts of the cost model and the agreed choice: a broadcast
 /// from rank 0 (binomial tree), the 2-rank ping-pong that measures a link's
-/// latency and rate, `calibrate` (ping-pong plus the addition's cost,
-/// rank 0's values broadcast to every rank) and `agree_schedule` (rank 0
+/// latency and rate, the burst that measures a message's CPU time,
+/// `calibrate` (all of them plus the addition's cost, rank 0's values
+/// broadcast to every rank) and `agree_schedule` (rank 0
 /// predicts and decides, every rank receives its choice).
 /// Part of <gradcomp/schedules.hpp>.
 
@@ -22,7 +23,9 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/ring/stats.hpp>
 #include <gradcomp/schedules/cost_model.hpp>
+#include <gradcomp/schedules/link.hpp>
 #include <gradcomp/schedules/options.hpp>
 #include <gradcomp/tags.hpp>
 
@@ -42,6 +45,20 @@ template <class T>
 struct transport_clock<T> {
   using type = typename T::clock;
 };
+
+/// Best (least) seconds of `fn` over `repeats` runs after one warm-up, on
+/// transport T's clock (the measurements of the cost model).
+template <class T, class Fn>
+double best_transport_seconds(int repeats, Fn&& fn) {
+  using clock = typename transport_clock<T>::type;
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = -1; i < repeats; ++i) {
+    const auto t0 = clock::now();
+    fn();
+    if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  return best;
+}
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
@@ -78,6 +95,17 @@ void broadcast_bytes(T& t, std::vector<std::byte>& bytes, int tag = schedule_agr
   for (auto& h : sends) h.wait();
 }
 
+/// Rank 0's `values` to every rank (broadcast_bytes); transport_error naming
+/// `who` when the bytes that arrive are not values.size() doubles.
+template <Transport T>
+void broadcast_doubles(T& t, std::span<double> values, const char* who, int tag = schedule_agreement_tag) {
+  std::vector<std::byte> b(values.size_bytes());
+  if (!values.empty()) std::memcpy(b.data(), values.data(), b.size());
+  broadcast_bytes(t, b, tag);
+  if (b.size() != values.size_bytes()) throw transport_error(std::string(who) + ": malformed broadcast");
+  if (!values.empty()) std::memcpy(values.data(), b.data(), b.size());
+}
+
 /// Measures the link between ranks 0 and 1 with a ping-pong (`repeats`
 /// round trips of 4 bytes and of `large_bytes`, best of each):
 /// latency = small round trip / 2, seconds_per_byte = (large one-way -
@@ -91,11 +119,8 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
   link_cost l = fallback;
   if (r < 2) {
     const int peer = 1 - r;
-    using clock = typename detail::transport_clock<T>::type;
     auto round_trip = [&](std::size_t bytes) {
-      double best = std::numeric_limits<double>::infinity();
-      for (int i = -1; i < repeats; ++i) {  // one warm-up
-        const auto t0 = clock::now();
+      return detail::best_transport_seconds<T>(repeats, [&] {
         if (r == 0) {
           t.isend(peer, tag, std::vector<std::byte>(bytes)).wait();
           (void)t.irecv(peer, tag).wait();
@@ -103,34 +128,28 @@ link_cost measure_link(T& t, std::size_t large_bytes = std::size_t(1) << 20, int
           auto m = t.irecv(peer, tag).wait();
           t.isend(peer, tag, std::move(m.bytes)).wait();
         }
-        if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
-      }
-      return best;
+      });
     };
     const double small = round_trip(4), large = round_trip(large_bytes);
     l.latency_s = small / 2;
     l.seconds_per_byte = std::max(0.0, large / 2 - l.latency_s) / double(std::max<std::size_t>(1, large_bytes));
   }
-  std::vector<std::byte> b(2 * sizeof(double));
-  std::memcpy(b.data(), &l.latency_s, sizeof(double));
-  std::memcpy(b.data() + sizeof(double), &l.seconds_per_byte, sizeof(double));
-  broadcast_bytes(t, b, tag);
-  if (b.size() != 2 * sizeof(double)) throw transport_error("measure_link: malformed broadcast");
-  std::memcpy(&l.latency_s, b.data(), sizeof(double));
-  std::memcpy(&l.seconds_per_byte, b.data() + sizeof(double), sizeof(double));
+  double v[2] = {l.latency_s, l.seconds_per_byte};
+  broadcast_doubles(t, std::span<double>(v), "measure_link", tag);
+  l.latency_s = v[0];
+  l.seconds_per_byte = v[1];
   return l;
 }
 
-/// Measures the CPU time of one message (the cost model's message_s) the
-/// way the schedules move theirs (a ZeroCopyTransport through isend_view /
-/// irecv_into, every receive posted before the first wait): a burst of
-/// `burst` 4-byte messages each way against one message each way (best of
-/// `repeats` after a warm-up), (T_burst - T_one) / (2 (burst - 1)). Every
-/// rank takes part at once, in pairs (2i, 2i+1; the last of an odd N
-/// idles), so the cost is the one of a node while all N are at work (in a
-/// simulation of N ranks on one host that includes what the others leave
-/// in the caches). Collective; rank 0's value (its pair's) is broadcast;
-/// N = 1: 0.
+/// Measures the CPU time of one message (the cost model's message_s)
+/// through the schedules' own float_link (schedules/link.hpp: a
+/// ZeroCopyTransport's isend_view / irecv_into, every receive posted before
+/// the first wait): a burst of `burst` one-float messages each way against
+/// one message each way (best of `repeats` after a warm-up), (T_burst -
+/// T_one) / (2 (burst - 1)). Every rank takes part at once, in pairs (2i,
+/// 2i+1; the last of an odd N idles), so the cost is the one of a node
+/// while all N are at work. Collective; rank 0's value (its pair's) is
+/// broadcast; N = 1: 0.
 template <Transport T>
 double measure_message_seconds(T& t, int burst = 32, int repeats = 5, int tag = schedule_agreement_tag) {
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
@@ -138,51 +157,29 @@ double measure_message_seconds(T& t, int burst = 32, int repeats = 5, int tag = 
   double per_message = 0.0;
   if ((r ^ 1) < n) {
     const int peer = r ^ 1;
-    using clock = typename detail::transport_clock<T>::type;
     const int b = std::max(2, burst);
-    std::vector<std::uint32_t> words_out(static_cast<std::size_t>(b), 1u), words_in(static_cast<std::size_t>(b));
+    std::vector<float> out(static_cast<std::size_t>(b), 1.0f), in(static_cast<std::size_t>(b));
+    ring_stats st;
+    detail::float_link<T> link(t, st, "measure_message_seconds");
     auto send_all = [&](int count) {
-      if constexpr (ZeroCopyTransport<T>) {
-        std::vector<decltype(t.isend_view(0, 0, std::span<const std::byte>{}))> sends;
-        for (int k = 0; k < count; ++k)
-          sends.push_back(t.isend_view(peer, tag, std::as_bytes(std::span<const std::uint32_t>(&words_out[std::size_t(k)], 1))));
-        for (auto& h : sends) h.wait();
-      } else {
-        std::vector<decltype(t.isend(0, 0, std::vector<std::byte>{}))> sends;
-        for (int k = 0; k < count; ++k) sends.push_back(t.isend(peer, tag, std::vector<std::byte>(4)));
-        for (auto& h : sends) h.wait();
-      }
+      for (int k = 0; k < count; ++k) link.send(peer, tag, std::span<const float>(out).subspan(std::size_t(k), 1));
+      link.finish();
     };
     auto receive_all = [&](int count) {
-      if constexpr (ZeroCopyTransport<T>) {
-        std::vector<decltype(t.irecv_into(0, 0, std::span<std::byte>{}))> recvs;
-        for (int k = 0; k < count; ++k)
-          recvs.push_back(t.irecv_into(peer, tag, std::as_writable_bytes(std::span<std::uint32_t>(&words_in[std::size_t(k)], 1))));
-        for (auto& h : recvs) (void)h.wait();
-      } else {
-        std::vector<decltype(t.irecv(0, 0))> recvs;
-        for (int k = 0; k < count; ++k) recvs.push_back(t.irecv(peer, tag));
-        for (auto& h : recvs) (void)h.wait();
-      }
+      std::vector<typename detail::float_link<T>::slot> slots;
+      for (int k = 0; k < count; ++k) slots.push_back(link.post(peer, tag, std::span<float>(in).subspan(std::size_t(k), 1)));
+      for (auto& s : slots) link.wait_into(s);
     };
     auto exchange = [&](int count) {
-      double best = std::numeric_limits<double>::infinity();
-      for (int i = -1; i < repeats; ++i) {
-        const auto t0 = clock::now();
+      return detail::best_transport_seconds<T>(repeats, [&] {
         if (r % 2 == 0) send_all(count), receive_all(count);
         else receive_all(count), send_all(count);
-        if (i >= 0) best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
-      }
-      return best;
+      });
     };
     const double one = exchange(1), many = exchange(b);
     per_message = std::max(0.0, many - one) / (2.0 * double(b - 1));
   }
-  std::vector<std::byte> buf(sizeof(double));
-  std::memcpy(buf.data(), &per_message, sizeof(double));
-  broadcast_bytes(t, buf, tag);
-  if (buf.size() != sizeof(double)) throw transport_error("measure_message_seconds: malformed broadcast");
-  std::memcpy(&per_message, buf.data(), sizeof(double));
+  broadcast_doubles(t, std::span<double>(&per_message, 1), "measure_message_seconds", tag);
   return per_message;
 }
 
@@ -197,10 +194,7 @@ cost_model calibrate(T& t, cost_model base = {}, int tag = schedule_agreement_ta
   if (m.group_size <= 1) m.intra = m.inter;
   m.message_s = measure_message_seconds(t, 32, 5, tag);
   double add = measure_add_seconds<Policy>();
-  std::vector<std::byte> b(sizeof(double));
-  std::memcpy(b.data(), &add, sizeof add);
-  broadcast_bytes(t, b, tag);
-  std::memcpy(&add, b.data(), sizeof add);
+  broadcast_doubles(t, std::span<double>(&add, 1), "calibrate", tag);
   m.add_s = add;
   return m;
 }

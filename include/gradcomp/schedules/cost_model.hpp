@@ -91,10 +91,11 @@ inline double cost_chunks(double elems, const cost_model& m, bool capped) {
   return k;
 }
 
-/// The CPU cost of a hop's k messages beyond the first's latency: k
-/// message_s when measured, else the (k-1) extra chunks' message_overhead_s.
-inline double cost_messages(double k, const cost_model& m) {
-  return m.message_s > 0.0 ? k * m.message_s : (k - 1.0) * m.message_overhead_s;
+/// The CPU cost of sending `peers` messages of k chunks each: every one of
+/// the peers x k messages' message_s when measured, else the (k-1) extra
+/// chunks' message_overhead_s (the unmeasured model prices chunking only).
+inline double cost_messages(double k, const cost_model& m, double peers = 1.0) {
+  return m.message_s > 0.0 ? peers * k * m.message_s : (k - 1.0) * m.message_overhead_s;
 }
 
 /// A hop moving `bytes` and adding `adds` elements, in chunks (receive, add
@@ -104,7 +105,7 @@ inline double cost_hop(const link_cost& l, double bytes, double adds, const cost
                        bool capped = false) {
   const double wire = bytes * l.seconds_per_byte, add = adds * m.add_s;
   const double k = pipelined ? cost_chunks(std::max(adds, bytes / 4.0), m, capped) : 1.0;
-  if (k <= 1.0) return l.latency_s + wire + add + m.message_s;
+  if (k <= 1.0) return l.latency_s + wire + add + cost_messages(1.0, m);
   return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + cost_messages(k, m);
 }
 
@@ -178,12 +179,9 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       const double k = detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
-      // message_s (when measured): every one of the 2(N-1)k messages a rank sends, in place of the
-      // chunks' message_overhead_s
-      const double messages = m.message_s > 0.0 ? 2.0 * double(n - 1) * k * m.message_s
-                                                : (k - 1.0) * m.message_overhead_s;
+      // the messages: k chunks to each of N-1 peers in each of the two phases
       return (m.inter.latency_s + wire) + (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k)) +
-             messages;
+             detail::cost_messages(k, m, 2.0 * double(n - 1));
     }
     case schedule_kind::library: return inf;
   }

@@ -271,6 +271,19 @@ inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, cons
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
 }
 
+/// Eq. 3, columns [j, j + 4), for the slices [s0, s1) left over by the
+/// blocks of compress_block_rows, in one block of their count (a 3x3 conv
+/// layer has 3): each basis value is then loaded once for all of them.
+inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+                                std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
+  const std::size_t rest = s1 - s0;
+  if constexpr (compress_block_rows > 3)
+    if (rest == 3) return compress_block<3>(x, s0, k, u, j, d, offset, y);
+  if constexpr (compress_block_rows > 2)
+    if (rest == 2) return compress_block<2>(x, s0, k, u, j, d, offset, y);
+  for (std::size_t s = s0; s < s1; ++s) compress_block<1>(x, s, k, u, j, d, offset, y);
+}
+
 /// Eq. 5 for the slices [s0, s1) left over by the blocks of
 /// expand_block_rows, in one block of their count (a 3x3 conv layer has 3):
 /// each basis value is then loaded once for all of them.
@@ -305,23 +318,8 @@ inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::s
       for (std::size_t j = 0; j < d4; j += 4) compress_block<compress_block_rows>(x, s, k, u, j, d, offset, y);
       if (d4 < d) compress_rows_scalar(x, s, s + R, k, u, d4, d, offset, y);
     }
-    // The remaining slices in one block of their count (a 3x3 conv layer has
-    // 3): each basis value is then loaded once for all of them.
-    const std::size_t rest = s1 - blocked;
-    if (rest > 0) {
-      for (std::size_t j = 0; j < d4; j += 4) {
-        if constexpr (compress_block_rows > 3)
-          if (rest == 3) {
-            compress_block<3>(x, blocked, k, u, j, d, offset, y);
-            continue;
-          }
-        if constexpr (compress_block_rows > 2)
-          if (rest == 2) {
-            compress_block<2>(x, blocked, k, u, j, d, offset, y);
-            continue;
-          }
-        for (std::size_t s = blocked; s < s1; ++s) compress_block<1>(x, s, k, u, j, d, offset, y);
-      }
+    if (blocked < s1) {
+      for (std::size_t j = 0; j < d4; j += 4) compress_block_rest(x, blocked, s1, k, u, j, d, offset, y);
       if (d4 < d) compress_rows_scalar(x, blocked, s1, k, u, d4, d, offset, y);
     }
     return;
