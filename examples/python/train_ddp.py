@@ -33,6 +33,7 @@ weight tensor is compressed, conv and linear, except by GradiVeQ: conv only):
     gradcomp_gradiveq   examples/train's gradiveq_plus: basis fitted on up to 16 pooled slices
                         per sample, warm-up 500, L_t 150 (QSGD 4-bit), L_c 400, lambda 0.01
     gradcomp_qsgd       4 bits, buckets of 512 (qsgd4)
+    gradcomp_qsgd_max   the same, each bucket scaled by its max |value| (not in the default list)
     gradcomp_two_bit    automatic threshold (scale 1), residual; plain SGD at lr/(1-m)
     gradcomp_top_k      top 1% (exact), residual, no DGC momentum; plain SGD at lr/(1-m)
     gradcomp_powersgd   rank 2, error feedback, warm start, dense for the first 5% of the
@@ -87,6 +88,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 GRADCOMP_HOOKS = ["gradcomp_dense", "gradcomp_gradiveq", "gradcomp_qsgd", "gradcomp_two_bit", "gradcomp_top_k",
                   "gradcomp_powersgd", "gradcomp_fp16", "gradcomp_bf16", "gradcomp_homomorphic"]
 BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
+#: Variants of a codec beyond examples/train's configuration, run only when named in --hooks: QSGD
+#: scaled by each bucket's max |value| instead of its l2 norm (same bytes; docs/codecs.md).
+VARIANT_HOOKS = ["gradcomp_qsgd_max"]
 
 
 class Block(nn.Module):
@@ -149,10 +153,11 @@ FULL = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "epochs": 10, "warmup
 #: The whole-run ratios docs/results.md reports for each codec's examples/train configuration on
 #: --full (float32 bytes of the whole gradient over the bytes produced; seed 1, or the mean of seeds 1-3
 #: for powersgd, fp16, bf16, homomorphic).
-RESULTS_MD_RATIO = {"gradcomp_dense": 1.00, "gradcomp_gradiveq": 4.48, "gradcomp_qsgd": 7.35,
+RESULTS_MD_RATIO = {"gradcomp_dense": 1.00, "gradcomp_gradiveq": 4.48, "gradcomp_qsgd": 7.35, "gradcomp_qsgd_max": 7.35,
                     "gradcomp_two_bit": 13.91, "gradcomp_top_k": 43.72, "gradcomp_powersgd": 9.22,
                     "gradcomp_fp16": 1.98, "gradcomp_bf16": 1.98, "gradcomp_homomorphic": 7.43}
 RESULTS_MD_CONFIG = {"gradcomp_dense": "baseline", "gradcomp_gradiveq": "gradiveq_plus", "gradcomp_qsgd": "qsgd4",
+                     "gradcomp_qsgd_max": "qsgd4",
                      "gradcomp_two_bit": "two_bit", "gradcomp_top_k": "topk", "gradcomp_powersgd": "powersgd",
                      "gradcomp_fp16": "fp16", "gradcomp_bf16": "bf16", "gradcomp_homomorphic": "homomorphic"}
 CSV_FIELDS = ["hook", "seed", "torch", "workers", "steps", "batch", "accuracy_percent", "bytes_per_step", "ratio",
@@ -190,6 +195,7 @@ def full_settings(name, args):
         "gradcomp_gradiveq": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t {args.gradiveq_sampling} "
                              f"(QSGD 4-bit), L_c {args.gradiveq_compressed}, pooled 16 slices, lambda 0.01; conv only",
         "gradcomp_qsgd": "QSGD 4 bits, buckets of 512; weights",
+        "gradcomp_qsgd_max": "QSGD 4 bits, buckets of 512, max norm; weights",
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -236,9 +242,10 @@ def make_hook(name, model, args):
             state = gt.GradiVeQState(model, warmup_iterations=warm, sampling_iterations=lt,
                                      compressed_iterations=args.gradiveq_compressed)
         return state, gt.hook, warm
-    if codec == "qsgd":
-        return (gt.QSGDState(model, bits=4, levels=0, bucket_size=512, **full) if args.full
-                else gt.QSGDState(model, bits=4)), gt.hook, 0
+    if codec in ("qsgd", "qsgd_max"):
+        norm = "max" if codec == "qsgd_max" else "l2"
+        return (gt.QSGDState(model, bits=4, levels=0, bucket_size=512, norm=norm, **full) if args.full
+                else gt.QSGDState(model, bits=4, norm=norm)), gt.hook, 0
     if codec == "two_bit":
         return gt.TwoBitState(model, auto_scale=1.0, **full), gt.hook, 0
     if codec == "top_k":
@@ -467,6 +474,7 @@ def summary(args):
             and int(r["steps"]) == steps]
     seeds = [int(s) for s in args.summary_seeds.split(",")]
     hooks = [h for h in args.hooks.split(",") if h]
+    hooks += [v for v in VARIANT_HOOKS if v not in hooks and any(r["hook"] == v for r in rows)]  # when trained
     cell = {(r["hook"], int(r["seed"])): r for r in rows}
     print(f"--full grid in {args.csv}: torch {version}, {args.workers} workers, {steps} steps, seeds "
           f"{args.summary_seeds}")
@@ -588,9 +596,9 @@ def main():
         return
     data = load_data(args)
     hooks = [h for h in args.hooks.split(",") if h]
-    unknown = [h for h in hooks if h not in BUILTIN_HOOKS + GRADCOMP_HOOKS]
+    unknown = [h for h in hooks if h not in BUILTIN_HOOKS + GRADCOMP_HOOKS + VARIANT_HOOKS]
     if unknown:
-        sys.exit(f"unknown hooks {unknown} (hooks: {','.join(BUILTIN_HOOKS + GRADCOMP_HOOKS)})")
+        sys.exit(f"unknown hooks {unknown} (hooks: {','.join(BUILTIN_HOOKS + GRADCOMP_HOOKS + VARIANT_HOOKS)})")
     if str(args.powersgd_rank) == "match" and "powersgd" in hooks and "gradcomp_gradiveq" in hooks:
         hooks = [h for h in hooks if h != "powersgd"] + ["powersgd"]  # its rank comes from gradiveq's row
     print(f"torch {torch.__version__}, {args.workers} gloo workers, {args.steps} steps of {args.batch} per worker"

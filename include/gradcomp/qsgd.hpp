@@ -12,6 +12,11 @@
 ///     decoded_i = sgn(v_i) * level_i * ||v||_2 / s
 /// hence E[decoded] = v (unbiased) and, QSGD Lemma 3.1,
 ///     E ||decoded - v||^2 <= min(n / s^2, sqrt(n) / s) ||v||^2   (n = bucket size).
+/// qsgd_options::norm = qsgd_norm::max scales by max_i |v_i| instead of
+/// ||v||_2: the same rounding, still unbiased, a spacing never wider, so
+///     E ||decoded - v||^2 <= n max_i |v_i|^2 / (4 s^2)
+/// (at 4 bits, buckets of 512 of a Gaussian vector: about 1/50 of the l2
+/// scale's variance; docs/codecs.md). Same bytes, same decoder.
 ///
 /// Each code is b = 2, 4 or 8 bits: sign + level, so s <= 2^(b-1) - 1
 /// (1, 7 or 127 levels at most). The random draw of element i at step t is
@@ -40,8 +45,8 @@ namespace gradcomp {
 constexpr unsigned qsgd_max_levels(unsigned bits) noexcept { return (1u << (bits - 1)) - 1u; }
 
 /// Payload of qsgd. Body (wire codec 3), little-endian:
-///     u8 bits (2, 4 or 8), u8 reserved (0), u16 levels s, u32 bucket_size,
-///     f32 norms[ceil(n / bucket_size)]          (finite, >= 0)
+///     u8 bits (2, 4 or 8), u8 norm (0: l2, 1: max), u16 levels s, u32 bucket_size,
+///     f32 norms[ceil(n / bucket_size)]          (finite, >= 0: each bucket's scale)
 ///     u32 words[qsgd_word_count(n, bits)]        (layout: system/generic/qsgd.hpp)
 /// read_body rejects levels above s, a sign on level 0 and codes past n.
 struct qsgd_payload {
@@ -51,8 +56,9 @@ struct qsgd_payload {
   std::uint8_t bits = 4;              ///< code width
   std::uint16_t levels = 7;           ///< s
   std::uint32_t bucket_size = 512;    ///< elements per norm
-  std::vector<float> norms;           ///< L2 norm of each bucket
+  std::vector<float> norms;           ///< scale of each bucket (its L2 or max norm)
   std::vector<std::uint32_t> words;   ///< packed codes
+  execution::qsgd_norm norm = execution::qsgd_norm::l2;  ///< which norm `norms` hold (informative: decoding ignores it)
 
   std::uint64_t element_count() const noexcept { return count; }
   std::size_t body_size() const noexcept {
@@ -62,7 +68,7 @@ struct qsgd_payload {
   template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   void write_body(wire::writer& w) const {
     w.put<std::uint8_t>(bits);
-    w.put<std::uint8_t>(0);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(norm));
     w.put<std::uint16_t>(levels);
     w.put<std::uint32_t>(bucket_size);
     w.put_array<float>(norms);
@@ -77,7 +83,9 @@ struct qsgd_payload {
     if (h.body_length < header_bytes) reader::fail(wire::wire_errc::malformed_body, "qsgd body shorter than its fields");
     p.bits = r.get<std::uint8_t>();
     reader::check(p.bits == 2 || p.bits == 4 || p.bits == 8, "qsgd: bits must be 2, 4 or 8");
-    reader::check(r.get<std::uint8_t>() == 0, "qsgd: reserved byte is not zero");
+    const auto norm_kind = r.get<std::uint8_t>();
+    reader::check(norm_kind <= 1, "qsgd: norm kind is neither 0 (l2) nor 1 (max)");
+    p.norm = static_cast<execution::qsgd_norm>(norm_kind);
     p.levels = r.get<std::uint16_t>();
     reader::check(p.levels >= 1 && p.levels <= qsgd_max_levels(p.bits), "qsgd: levels outside [1, 2^(bits-1) - 1]");
     p.bucket_size = r.get<std::uint32_t>();
@@ -154,7 +162,13 @@ struct qsgd_options {
   unsigned levels = 0;             ///< s in [1, 2^(bits-1) - 1]; 0 means the maximum (1, 7, 127)
   std::size_t bucket_size = 512;   ///< elements per norm, in [1, 2^32 - 1]
   std::uint64_t seed = 0;          ///< seed of the rounding draws (make it differ per worker)
+  execution::qsgd_norm norm = execution::qsgd_norm::l2;  ///< bucket scale: ||v||_2 (eq. 3.1) or max |v_i|
 };
+
+/// "l2" / "max" (the names the Python package and the command lines use).
+inline const char* qsgd_norm_name(execution::qsgd_norm n) noexcept {
+  return n == execution::qsgd_norm::max ? "max" : "l2";
+}
 
 /// QSGD (seed 002 ref. [24], eq. 3.1 and Lemma 3.1 of the QSGD paper): one
 /// instance per layer. Encode is stateless apart from its step counter, which
@@ -179,6 +193,7 @@ class qsgd {
     out.bits = static_cast<std::uint8_t>(options_.bits);
     out.levels = static_cast<std::uint16_t>(options_.levels);
     out.bucket_size = static_cast<std::uint32_t>(options_.bucket_size);
+    out.norm = options_.norm;
     out.norms.resize(static_cast<std::size_t>(qsgd_payload::bucket_count(n, options_.bucket_size)));
     out.words.resize(static_cast<std::size_t>(execution::qsgd_word_count(n, options_.bits)));
     const auto res = qsgd_quantize(Policy{}, gradient, params(detail::counter_rng(options_.seed).stream(step_).key()),
@@ -217,32 +232,40 @@ class qsgd {
       w.put<std::uint32_t>(static_cast<std::uint32_t>(options_.bucket_size));
       w.put<std::uint64_t>(options_.seed);
       w.put<std::uint64_t>(step_);
+      w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.norm));
     });
   }
 
   /// Restores the step counter saved by save_state of a qsgd with the same
   /// options; the codec then draws exactly what the saved one would have.
   /// Throws wire_error for bad bytes and option_mismatch_error naming the
-  /// option ("bits", "levels", "bucket_size", "seed") saved with another
-  /// value; the codec is then unchanged.
+  /// option ("bits", "levels", "bucket_size", "seed", "norm") saved with
+  /// another value; the codec is then unchanged. A version-1 state (before
+  /// the norm option) restores as the l2 norm.
   void restore_state(std::span<const std::byte> bytes) {
     wire::header h;
     wire::reader r = wire::parse_state(bytes, wire::codec_id::qsgd, &h);
     wire::reader::check(h.element_count == 0, "qsgd state: element count must be 0");
-    wire::reader::check(h.body_length == state_bytes, "qsgd state: wrong length");
-    wire::reader::check(r.get<std::uint8_t>() == state_version, "qsgd state: unknown version");
+    const auto version = r.get<std::uint8_t>();
+    wire::reader::check(version == 1 || version == state_version, "qsgd state: unknown version");
+    wire::reader::check(h.body_length == (version == 1 ? state_bytes_v1 : state_bytes), "qsgd state: wrong length");
     qsgd_options o;
     o.bits = r.get<std::uint8_t>();
     o.levels = r.get<std::uint16_t>();
     o.bucket_size = r.get<std::uint32_t>();
     o.seed = r.get<std::uint64_t>();
     const std::uint64_t step = r.get<std::uint64_t>();
+    std::uint8_t norm_kind = 0;
+    if (version >= 2) norm_kind = r.get<std::uint8_t>();
     r.expect_end();
+    wire::reader::check(norm_kind <= 1, "qsgd state: norm kind is neither 0 (l2) nor 1 (max)");
     wire::reader::check(options_valid(o) && o.levels != 0, "qsgd state: invalid bits, levels or bucket size");
     if (o.bits != options_.bits) throw option_mismatch_error("qsgd::restore_state", "bits");
     if (o.levels != options_.levels) throw option_mismatch_error("qsgd::restore_state", "levels");
     if (o.bucket_size != options_.bucket_size) throw option_mismatch_error("qsgd::restore_state", "bucket_size");
     if (o.seed != options_.seed) throw option_mismatch_error("qsgd::restore_state", "seed");
+    if (static_cast<execution::qsgd_norm>(norm_kind) != options_.norm)
+      throw option_mismatch_error("qsgd::restore_state", "norm");
     step_ = step;
   }
 
@@ -254,12 +277,14 @@ class qsgd {
   void set_step(std::uint64_t step) noexcept { step_ = step; }
 
  private:
-  static constexpr std::uint8_t state_version = 1;
-  static constexpr std::size_t state_bytes = 1 + 1 + 2 + 4 + 8 + 8;
+  static constexpr std::uint8_t state_version = 2;
+  static constexpr std::size_t state_bytes_v1 = 1 + 1 + 2 + 4 + 8 + 8;
+  static constexpr std::size_t state_bytes = state_bytes_v1 + 1;  // + the norm kind
 
   static bool options_valid(const qsgd_options& o) noexcept {
     if (!(o.bits == 2 || o.bits == 4 || o.bits == 8)) return false;
     if (o.levels > qsgd_max_levels(o.bits)) return false;
+    if (o.norm != execution::qsgd_norm::l2 && o.norm != execution::qsgd_norm::max) return false;
     return o.bucket_size >= 1 && o.bucket_size <= 0xFFFFFFFFu;
   }
   static qsgd_options validated(qsgd_options o) {
@@ -273,11 +298,13 @@ class qsgd {
     if (o.bucket_size < 1 || o.bucket_size > 0xFFFFFFFFu)
       throw invalid_argument_error("qsgd: bucket_size must be in [1, 2^32 - 1], got " +
                                    std::to_string(o.bucket_size));
+    if (o.norm != execution::qsgd_norm::l2 && o.norm != execution::qsgd_norm::max)
+      throw invalid_argument_error("qsgd: norm must be l2 or max, got " + std::to_string(static_cast<unsigned>(o.norm)));
     return o;
   }
 
   execution::qsgd_params params(std::uint64_t key) const noexcept {
-    return {options_.bits, options_.levels, options_.bucket_size, key};
+    return {options_.bits, options_.levels, options_.bucket_size, key, options_.norm};
   }
 
   static execution::qsgd_params checked(const payload_type& p, std::size_t out_size, const char* where) {

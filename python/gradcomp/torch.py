@@ -391,6 +391,8 @@ class GradiVeQState(CompressionState):
         # and d chosen on the last `holdout_fraction` of the samples, held out of the fit
         "source": "gradiveq_source", "pool_slices": "gradiveq_pool_slices",
         "holdout_fraction": "gradiveq_holdout_fraction",
+        # the L_t sampler's QSGD scale, "l2" (eq. 3.1) or "max" (QSGDState's ``norm``)
+        "sampling_qsgd_norm": "qsgd_norm",
     }
 
 
@@ -405,10 +407,13 @@ GRADIVEQ_PLUS = {"source": "pooled", "pool_slices": 16, "holdout_fraction": 0.0,
 
 
 class QSGDState(CompressionState):
-    """QSGD (``bits`` 2, 4 or 8): payloads all-gathered, decoded in rank order."""
+    """QSGD (``bits`` 2, 4 or 8): payloads all-gathered, decoded in rank order. ``norm`` scales each
+    bucket's levels by its ``"l2"`` norm (QSGD eq. 3.1, the default) or its ``"max"`` |value| (same bytes,
+    still unbiased, a variance never larger: docs/codecs.md)."""
 
     codec = "qsgd"
-    _aliases = {"bits": "qsgd_bits", "levels": "qsgd_levels", "bucket_size": "qsgd_bucket_size"}
+    _aliases = {"bits": "qsgd_bits", "levels": "qsgd_levels", "bucket_size": "qsgd_bucket_size",
+                "norm": "qsgd_norm"}
 
 
 class TwoBitState(CompressionState):

@@ -157,6 +157,12 @@ gx::plan_options options_from(const nb::dict& d) {
     else if (key == "qsgd_levels") o.qsgd.levels = static_cast<unsigned>(count(v, key));
     else if (key == "qsgd_bucket_size") o.qsgd.bucket_size = count(v, key);
     else if (key == "qsgd_seed") o.qsgd.seed = number<std::uint64_t>(v, key);
+    else if (key == "qsgd_norm") {
+      const auto m = number<std::string>(v, key);
+      if (m == "l2") o.qsgd.norm = gradcomp::execution::qsgd_norm::l2;
+      else if (m == "max") o.qsgd.norm = gradcomp::execution::qsgd_norm::max;
+      else invalid("qsgd_norm must be 'l2' or 'max', got '" + m + "'");
+    }
     else if (key == "two_bit_threshold") o.two_bit = gradcomp::two_bit_options::fixed(number<float>(v, key));
     else if (key == "two_bit_auto_scale") {
       o.two_bit.mode = gradcomp::two_bit_threshold_mode::automatic;

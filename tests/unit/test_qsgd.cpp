@@ -34,7 +34,7 @@ using test_support::bit_equal;
 
 bool same_payload(const qsgd_payload& a, const qsgd_payload& b) {
   return a.count == b.count && a.bits == b.bits && a.levels == b.levels && a.bucket_size == b.bucket_size &&
-         bit_equal(a.norms, b.norms) && a.words == b.words;
+         a.norm == b.norm && bit_equal(a.norms, b.norms) && a.words == b.words;
 }
 
 std::uint32_t code_of(const qsgd_payload& p, std::size_t i) {
@@ -77,14 +77,17 @@ std::vector<std::byte> raw_message(std::uint64_t n, std::uint8_t bits, std::uint
   return wire::serialize(raw);
 }
 
-qsgd_options opts(unsigned bits, unsigned levels, std::size_t bucket, std::uint64_t seed = 0) {
+qsgd_options opts(unsigned bits, unsigned levels, std::size_t bucket, std::uint64_t seed = 0,
+                  execution::qsgd_norm norm = execution::qsgd_norm::l2) {
   qsgd_options o;
   o.bits = bits;
   o.levels = levels;
   o.bucket_size = bucket;
   o.seed = seed;
+  o.norm = norm;
   return o;
 }
+constexpr auto max_norm = execution::qsgd_norm::max;
 
 }  // namespace
 
@@ -294,9 +297,10 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
   for (const auto& x : inputs) {
     for (unsigned bits : {2u, 4u, 8u}) {
       for (std::size_t bucket : {std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{100},
-                                 std::size_t{512}, std::size_t{4096}}) {
-        qsgd<execution::seq> a(opts(bits, 0, bucket, 99));
-        qsgd<execution::simd> b(opts(bits, 0, bucket, 99));
+                                 std::size_t{512}, std::size_t{4096}})
+      for (const auto norm : {execution::qsgd_norm::l2, max_norm}) {
+        qsgd<execution::seq> a(opts(bits, 0, bucket, 99, norm));
+        qsgd<execution::simd> b(opts(bits, 0, bucket, 99, norm));
         qsgd_payload pa, pb;
         for (int t = 0; t < 2; ++t) {
           a.encode(x, pa);
@@ -316,7 +320,7 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
       }
     }
   }
-  CHECK(checked > 300);
+  CHECK(checked > 600);
   CHECK(mismatches == 0);
 }
 
@@ -435,7 +439,8 @@ TEST_CASE("corrupted, truncated and hand-crafted qsgd messages are rejected") {
   }
   SUBCASE("bad field values are malformed") {
     CHECK(parse_error(raw_message(200, 3, 0, 7, 64, p.norms, p.words)) == wire_errc::malformed_body);
-    CHECK(parse_error(raw_message(200, 4, 1, 7, 64, p.norms, p.words)) == wire_errc::malformed_body);
+    CHECK(parse_error(raw_message(200, 4, 2, 7, 64, p.norms, p.words)) == wire_errc::malformed_body);  // norm kind
+    CHECK(wire::parse<qsgd_payload>(raw_message(200, 4, 1, 7, 64, p.norms, p.words)).norm == max_norm);
     CHECK(parse_error(raw_message(200, 4, 0, 0, 64, p.norms, p.words)) == wire_errc::malformed_body);
     CHECK(parse_error(raw_message(200, 4, 0, 8, 64, p.norms, p.words)) == wire_errc::malformed_body);
     CHECK(parse_error(raw_message(200, 4, 0, 7, 0, p.norms, p.words)) == wire_errc::malformed_body);
@@ -518,8 +523,10 @@ TEST_CASE("restore_state rejects bad bytes and leaves the codec unchanged") {
   flipped[40] ^= std::byte{1};
   expect_rejected(flipped);
   expect_rejected(std::vector<std::byte>(good.begin(), good.end() - 2));
-  // body: 32 version, 33 bits, 34 levels, 36 bucket, 40 seed, 48 step
-  expect_rejected(edit(32, std::uint8_t{2}));
+  // body: 32 version, 33 bits, 34 levels, 36 bucket, 40 seed, 48 step, 56 norm
+  expect_rejected(edit(32, std::uint8_t{3}));
+  expect_rejected(edit(32, std::uint8_t{1}));  // version 1 has no norm byte: wrong length
+  expect_rejected(edit(56, std::uint8_t{2}));
   expect_rejected(edit(33, std::uint8_t{5}));
   expect_rejected(edit(34, std::uint16_t{8}));
   expect_rejected(edit(34, std::uint16_t{0}));
@@ -542,6 +549,7 @@ TEST_CASE_TEMPLATE("restore_state with other options throws option_mismatch_erro
       {opts(4, 6, 64, 9), "levels"},
       {opts(4, 5, 65, 9), "bucket_size"},
       {opts(4, 5, 64, 10), "seed"},
+      {opts(4, 5, 64, 9, max_norm), "norm"},
   };
   for (const auto& [o, option] : cases) {
     qsgd<Policy> b(o);
@@ -680,4 +688,81 @@ TEST_CASE("a state or payload of the other quantizer is rejected as wrong_codec"
   q.encode(std::vector<float>(10, 1.0f), qp);
   CHECK(code_of_error([&] { (void)wire::parse<qsgd_payload>(wire::serialize(tp)); }) == wire_errc::wrong_codec);
   CHECK(code_of_error([&] { (void)wire::parse<two_bit_payload>(wire::serialize(qp)); }) == wire_errc::wrong_codec);
+}
+
+TEST_CASE_TEMPLATE("norm = max: each bucket's scale is max |x|, unbiased, never above the l2 scale's variance",
+                   Policy, execution::seq, execution::simd) {
+  const std::size_t n = 1000;
+  auto x = normal_floats(n, 4);
+  for (std::size_t i = 300; i < 400; ++i) x[i] = 0.0f;            // an all-zero bucket
+  for (std::size_t i = 400; i < 500; ++i) x[i] *= 1e-35f;         // flushed like the l2 scale (< 2^-100)
+  qsgd<Policy> q(opts(4, 0, 100, 7, max_norm));
+  qsgd_payload p;
+  q.encode(x, p);
+  CHECK(p.norm == max_norm);
+  REQUIRE(p.norms.size() == 10);
+  for (std::size_t b = 0; b < 10; ++b) {
+    float m = 0;
+    for (std::size_t i = b * 100; i < b * 100 + 100; ++i) m = std::max(m, std::abs(x[i]));
+    CHECK(p.norms[b] == (m < 0x1p-100f ? 0.0f : m));
+  }
+  // The payload says which norm it carries, and survives the wire.
+  const auto back = wire::parse<qsgd_payload>(wire::serialize(p));
+  CHECK(same_payload(back, p));
+  // Unbiased: the mean of many decodes converges to x (the analytic error bounds the noise of the mean).
+  std::vector<double> mean(n, 0.0);
+  std::vector<float> out(n);
+  const int draws = 400;
+  for (int t = 0; t < draws; ++t) {
+    q.encode(x, p);
+    q.decode(p, out);
+    for (std::size_t i = 0; i < n; ++i) mean[i] += out[i];
+  }
+  int far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double unit = double(p.norms[i / 100]) / 7.0;
+    far += std::abs(mean[i] / draws - x[i]) > 5.0 * unit * 0.5 / std::sqrt(double(draws)) + 1e-30;
+  }
+  CHECK(far == 0);
+  // Variance: n m^2 / (4 s^2) per bucket, and far below the l2 scale's on a normal vector.
+  const auto y = normal_floats(4096, 12);
+  qsgd<Policy> l2(opts(4, 0, 512, 7)), mx(opts(4, 0, 512, 7, max_norm));
+  qsgd_payload pl, pm;
+  l2.encode(y, pl);
+  mx.encode(y, pm);
+  for (std::size_t b = 0; b < 8; ++b) {
+    const auto yb = std::span<const float>(y).subspan(b * 512, 512);
+    qsgd_payload one = pm;
+    one.norms = {pm.norms[b]};
+    one.bucket_size = 512;
+    CHECK(analytic_error(yb, one) <= 512.0 * double(pm.norms[b]) * pm.norms[b] / (4.0 * 49.0) * (1 + 1e-6));
+  }
+  const double e_l2 = analytic_error(y, pl), e_max = analytic_error(y, pm);
+  CHECK(e_max < e_l2 / 10);
+  // Any qsgd decodes it: the decoder never looks at the norm kind.
+  qsgd<Policy> other(opts(2, 0, 7, 1));
+  std::vector<float> d1(y.size()), d2(y.size());
+  mx.decode(pm, d1);
+  other.decode(pm, d2);
+  CHECK(bit_equal(d1, d2));
+}
+
+TEST_CASE("a version-1 state (before the norm option) restores as the l2 norm") {
+  qsgd<> a(opts(4, 5, 64, 9));
+  a.set_step(12);
+  // The same state as version 1 wrote it: no norm byte.
+  const auto v1 = wire::serialize_state(wire::codec_id::qsgd, 0, [](wire::writer& w) {
+    w.put<std::uint8_t>(1);
+    w.put<std::uint8_t>(4);
+    w.put<std::uint16_t>(5);
+    w.put<std::uint32_t>(64);
+    w.put<std::uint64_t>(9);
+    w.put<std::uint64_t>(12);
+  });
+  qsgd<> b(opts(4, 5, 64, 9));
+  CHECK_NOTHROW(b.restore_state(v1));
+  CHECK(b.step() == 12);
+  qsgd<> c(opts(4, 5, 64, 9, max_norm));
+  CHECK_THROWS_AS(c.restore_state(v1), option_mismatch_error);
+  CHECK(c.step() == 0);
 }

@@ -145,7 +145,7 @@ struct plan_options {
   gradiveq_options gradiveq;
   /// The GradiVeQ schedule shared by every GradiVeQ layer (one vote per rank).
   gradiveq_schedule_options gradiveq_schedule;
-  qsgd_options qsgd;                                   ///< seed mixed with rank and layer
+  qsgd_options qsgd;  ///< seed mixed with rank and layer; also GradiVeQ's L_t sampler (bits from its schedule)
   two_bit_options two_bit = two_bit_options::automatic();
   sparsifier_options top_k;                            ///< seed mixed with rank and layer
   homomorphic_options homomorphic;                     ///< lane width (0: from N), block size; seed mixed with the layer (shared by the ranks), worker = rank
@@ -280,6 +280,8 @@ class plan {
     w.put<std::uint32_t>(opt_.qsgd.levels);
     w.put<std::uint64_t>(opt_.qsgd.bucket_size);
     w.put<std::uint64_t>(opt_.qsgd.seed);
+    // The max norm only when chosen, so l2 plans keep their fingerprints.
+    if (opt_.qsgd.norm != execution::qsgd_norm::l2) w.put<std::uint8_t>(static_cast<std::uint8_t>(opt_.qsgd.norm));
     w.put<std::uint8_t>(static_cast<std::uint8_t>(opt_.two_bit.mode));
     w.put<float>(opt_.two_bit.threshold);
     w.put<float>(opt_.two_bit.auto_scale);

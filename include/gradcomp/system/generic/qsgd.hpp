@@ -69,12 +69,22 @@ constexpr qsgd_slot qsgd_slot_of(std::uint64_t e, unsigned bits) noexcept {
           static_cast<unsigned>(bits * (o / qsgd_lanes))};
 }
 
+/// Which norm of a bucket scales its levels (the scale is what the payload's
+/// `norms` carry, so decoding never depends on it):
+///  - l2: ||v||_2, QSGD eq. 3.1 as the paper writes it;
+///  - max: max_i |v_i| (the l-infinity norm). Every a_i = |v_i| s / max is
+///    still in [0, s], so the rounding stays unbiased, and since
+///    max |v_i| <= ||v||_2 the level spacing is never wider: the variance
+///    bound becomes n max^2 / (4 s^2) instead of min(n/s^2, sqrt(n)/s) ||v||_2^2.
+enum class qsgd_norm : std::uint8_t { l2 = 0, max = 1 };
+
 /// Parameters of one encode or decode.
 struct qsgd_params {
   unsigned bits = 4;                 ///< code width: 2, 4 or 8
   unsigned levels = 7;               ///< s, in [1, 2^(bits-1) - 1]
   std::size_t bucket_size = 512;     ///< elements per norm
   std::uint64_t stream_key = 0;      ///< counter_stream key of this step (encode only)
+  qsgd_norm norm = qsgd_norm::l2;    ///< the bucket scale (encode only)
 };
 
 /// The code of x (QSGD's Q_s, Alistarh et al. 2017, eq. 3.1): with
@@ -156,8 +166,12 @@ inline qsgd_bucket_stats qsgd_bucket_scan(seq, std::span<const float> bucket) no
 ///  - otherwise: sqrt of the squares summed in index order in double (fused,
 ///    std::fma), which neither overflows nor underflows.
 /// Sets `overflow` when the norm exceeds FLT_MAX (|x| near FLT_MAX).
-inline float qsgd_finish_norm(const qsgd_bucket_stats& st, std::span<const float> bucket, bool& overflow) noexcept {
+/// With qsgd_norm::max the scale is max |x| itself (never overflows), with
+/// the same flush to 0 below 2^-100.
+inline float qsgd_finish_norm(const qsgd_bucket_stats& st, std::span<const float> bucket, bool& overflow,
+                              qsgd_norm kind = qsgd_norm::l2) noexcept {
   overflow = false;
+  if (kind == qsgd_norm::max) return st.max_abs < 0x1p-100f ? 0.0f : st.max_abs;
   double sum = 0.0;
   if (st.max_abs >= 0x1p-40f && st.max_abs <= 0x1p40f) {
     for (std::size_t j = 0; j < qsgd_lanes; ++j) sum += static_cast<double>(st.lanes[j]);
@@ -216,7 +230,7 @@ qsgd_quantize_result quantize_seq(std::span<const float> x, const qsgd_params& p
       return res;
     }
     bool overflow = false;
-    const float norm = qsgd_finish_norm(st, bucket, overflow);
+    const float norm = qsgd_finish_norm(st, bucket, overflow, p.norm);
     if (overflow) {
       res.overflow_bucket = b;
       return res;

@@ -158,7 +158,7 @@ qsgd_quantize_result quantize(std::span<const float> x, const qsgd_params& p, st
         return res;
       }
       bool overflow = false;
-      norms[next_bucket] = qsgd_finish_norm(st, bucket, overflow);
+      norms[next_bucket] = qsgd_finish_norm(st, bucket, overflow, p.norm);
       if (overflow) {
         res.overflow_bucket = next_bucket;
         return res;

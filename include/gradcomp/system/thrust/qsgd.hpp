@@ -95,6 +95,7 @@ struct qsgd_norm_buckets {
   float* norms;
   std::uint64_t* result;
   std::size_t n, bucket_size, buckets, per_item;
+  qsgd_norm kind;
 
   GRADCOMP_HD std::uint64_t one(std::size_t b) const {
     const std::size_t start = b * bucket_size, len = min_size(bucket_size, n - start);
@@ -118,6 +119,10 @@ struct qsgd_norm_buckets {
     for (std::size_t j = 0; j < qsgd_lanes; ++j) m = m < mbits[j] ? mbits[j] : m;
     if (m >= 0x7F800000u) return qsgd_bucket_non_finite;
     const float max_abs = bits_float(m);
+    if (kind == qsgd_norm::max) {  // qsgd_finish_norm's max rule
+      norms[b] = max_abs < 0x1p-100f ? 0.0f : max_abs;
+      return 0;
+    }
     double sum = 0.0;
     if (max_abs >= 0x1p-40f && max_abs <= 0x1p40f) {
       for (std::size_t j = 0; j < qsgd_lanes; ++j) sum += static_cast<double>(lanes[j]);
@@ -137,7 +142,7 @@ struct qsgd_norm_buckets {
     const qsgd_bucket_stats st = qsgd_bucket_scan(seq{}, bucket);
     if (!st.finite) return qsgd_bucket_non_finite;
     bool overflow = false;
-    const float norm = qsgd_finish_norm(st, bucket, overflow);
+    const float norm = qsgd_finish_norm(st, bucket, overflow, kind);
     if (overflow) return qsgd_bucket_overflow;
     norms[b] = norm;
     return 0;
@@ -254,7 +259,7 @@ qsgd_quantize_result qsgd_quantize_bits(std::span<const float> x, const qsgd_par
   const std::size_t norm_items = items(buckets, buckets_per_item);
   buffer<P, std::uint64_t> found(norm_items);
   for_each_index<P>(norm_items, n,
-                    qsgd_norm_buckets{xs.data(), ns.data(), found.data(), n, p.bucket_size, buckets, buckets_per_item});
+                    qsgd_norm_buckets{xs.data(), ns.data(), found.data(), n, p.bucket_size, buckets, buckets_per_item, p.norm});
   // The first bucket without a norm, in index order (as seq stops there).
   const std::uint64_t first_bad = combine_items<P>(found.data(), norm_items, qsgd_items_ok, min_u64{});
   if (first_bad != qsgd_items_ok) {
