@@ -161,6 +161,8 @@ def test_errors_form_a_hierarchy():
     lambda m: gt.TwoBitState(m, threshold=-1.0),
     lambda m: gt.GradiVeQState(m, sampling_iterations=1),
     lambda m: gt.QSGDState(m, bitz=4),
+    lambda m: gt.QSGDState(m, norm="inf"),
+    lambda m: gt.QSGDState(m, norm=2),
     lambda m: gt.DenseState(m, small="no-such-codec"),
     lambda m: gt.PowerSGDState(m, rank=0),
     lambda m: gt.PowerSGDState(m, rnak=2),
@@ -253,3 +255,25 @@ def test_gradiveq_plus_options_and_their_errors():
                 {"pool_slices": -1}, {"min_compressed_iterations": 0}):
         with pytest.raises(gradcomp.InvalidArgument):
             gt.GradiVeQState(model, **bad)
+
+
+def test_qsgd_max_norm_is_a_plan_option_with_its_own_fingerprint():
+    base = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd"}).fingerprint
+    l2 = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd", "qsgd_norm": "l2"}).fingerprint
+    mx = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd", "qsgd_norm": "max"}).fingerprint
+    assert l2 == base and mx != base  # l2 is the default, and plans that keep it keep their fingerprints
+    assert gt.QSGDState(Net(), norm="max")._plan_options["qsgd_norm"] == "max"
+    assert gt.GradiVeQState(Net(), sampling_qsgd_norm="max")._plan_options["qsgd_norm"] == "max"
+    # max-norm QSGD means over ranks: every rank the same, near the true mean (8 bits)
+    plan = gradcomp.Plan(_model(), {"conv": "qsgd", "fallback": "qsgd", "small": "qsgd", "qsgd_bits": 8,
+                                    "qsgd_norm": "max"})
+    layers = [gradcomp.BucketLayer(plan, r, 3) for r in range(3)]
+    rng = np.random.default_rng(1)
+    grads = [[rng.standard_normal(n).astype(np.float32) for _, n, _ in _model().layers] for _ in range(3)]
+    want = [np.mean([g[i] for g in grads], axis=0) for i in range(3)]
+    _run_step(layers, grads)
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0]):
+            assert np.array_equal(a, b)
+    for a, b in zip(grads[0], want):
+        np.testing.assert_allclose(a, b, atol=0.05)

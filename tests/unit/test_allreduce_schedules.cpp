@@ -314,3 +314,64 @@ TEST_CASE("schedules: a codec's measured costs: dense_codec sends its floats (ra
   p.ranks = 4;
   CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) > (g.encode_s + g.decode_s) * double(g.elements));
 }
+
+TEST_CASE("schedules: GradiVeQ on Rabenseifner sends its first step in pieces: the same bits as one message, both faces") {
+  // GradiVeQ knows its payload sizes before encoding, so the first step's
+  // halves go as at most max_chunks pieces, each sent as soon as it is
+  // encoded, over the moving face and (exact receives, no length messages)
+  // the zero-copy face. chunk_elements = 0 keeps one message.
+  static_assert(gradcomp::ring_segmentation<gradcomp::linear_compressor<>>::knows_body_size);
+  static_assert(!gradcomp::ring_segmentation<gradcomp::dense_codec<>>::knows_body_size);
+  for (int n : {2, 3, 4, 5, 6, 8}) {
+    CAPTURE(n);
+    const std::size_t K = 16;
+    const low_rank_layer layer(K, 3, K * std::size_t(9 * n + 2) + 7, 90 + std::uint64_t(n));
+    const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+    const std::vector<vec> x = rank_samples(layer, n, 7000);
+    auto run_face = [&](bool zero_copy, schedule_options o) {
+      std::vector<vec> out = x;
+      std::vector<ring_stats> stats(static_cast<std::size_t>(n));
+      run_workers(n, [&](inproc_endpoint& ep) {
+        auto mine = codec;
+        auto& st = stats[std::size_t(ep.rank())];
+        if (zero_copy) {
+          auto z = ep.zero_copy();
+          st = gradcomp::rabenseifner_allreduce_linear(z, mine, out[std::size_t(ep.rank())], o);
+        } else {
+          st = gradcomp::rabenseifner_allreduce_linear(ep, mine, out[std::size_t(ep.rank())], o);
+        }
+      }, {.recv_timeout = 60s});
+      return std::pair{out, stats};
+    };
+    const auto [whole, whole_stats] = run_face(false, {.chunk_elements = 0});
+    for (int r = 0; r < n; ++r) CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
+    for (bool zc : {false, true})
+      for (std::size_t cap : {std::size_t(0), std::size_t(2), std::size_t(8)}) {
+        CAPTURE(zc);
+        CAPTURE(cap);
+        const auto [got, stats] = run_face(zc, {.max_chunks = cap});
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], whole[0]));
+        // Each rank of the power-of-two core sends its first half in more messages than one
+        // (when it has two blocks or more to give), never more than the cap.
+        const int p = gradcomp::rabenseifner_schedule(0, n).blocks();
+        const std::size_t extra = p / 2 >= 2 ? std::min<std::size_t>(cap == 0 ? std::size_t(p / 2) : cap, std::size_t(p / 2)) - 1 : 0;
+        std::size_t most = 0;
+        for (int r = 0; r < n; ++r) most = std::max(most, stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
+        CHECK(most == extra);
+      }
+  }
+}
+
+TEST_CASE("schedules: GradiVeQ pieces over the zero-copy face: a peer with another basis is an error, not a hang") {
+  const std::size_t K = 16;
+  const low_rank_layer layer(K, 3, K * 40, 5);
+  const auto codec = fitted_codec(layer, 4);
+  const low_rank_layer other_layer(K, 5, K * 40, 6);  // another rank's basis keeps more directions
+  auto other = fitted_codec(other_layer, 4);
+  std::vector<vec> x = rank_samples(layer, 4, 3);
+  CHECK_THROWS_AS(run_workers(4, [&](inproc_endpoint& ep) {
+    auto mine = ep.rank() == 1 ? other : codec;
+    auto z = ep.zero_copy();
+    gradcomp::rabenseifner_allreduce_linear(z, mine, x[std::size_t(ep.rank())]);
+  }, {.recv_timeout = 5s}), gradcomp::error);
+}

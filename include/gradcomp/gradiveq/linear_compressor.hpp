@@ -216,6 +216,16 @@ class linear_compressor {
     out.tail.assign(tail_in.begin(), tail_in.end());
   }
 
+  /// Body bytes of the payload encode_segment(offset, a segment of n
+  /// elements) produces, known without encoding (the compressed Rabenseifner
+  /// posts exact receives with it: ring_segmentation::body_size).
+  std::size_t segment_body_size(std::size_t offset, std::size_t n) const {
+    require_fitted("gradiveq::segment_body_size");
+    const auto run = locate(offset, n, "gradiveq::segment_body_size");
+    const std::size_t coefficients = coef_prefix_[run.first + run.slices] - coef_prefix_[run.first];
+    return payload_type::fixed_body_size + 4 * (coefficients + (n - run.slices * k_));
+  }
+
   /// Eq. 4: into += from, in the compressed domain. Both must come from this
   /// basis (fingerprint_mismatch_error) and cover the same run (size_mismatch_error).
   void accumulate(payload_type& into, const payload_type& from) const {

@@ -80,6 +80,20 @@ struct ring_segmentation {
       codec.encode(segment, out);
     }
   }
+  /// True when the codec knows the body bytes of a segment's payload without
+  /// encoding it (`codec.segment_body_size(offset, length)`: GradiVeQ).
+  /// The compressed Rabenseifner then sends its first step in pieces over a
+  /// zero-copy transport too (exact receives posted before the data is due,
+  /// no length messages).
+  static constexpr bool knows_body_size = requires(const C& c, std::size_t offset, std::size_t length) {
+    { c.segment_body_size(offset, length) } -> std::convertible_to<std::size_t>;
+  };
+  /// The body bytes of the payload encode() gives for [offset, offset + length).
+  static std::size_t body_size(const C& codec, std::size_t offset, std::size_t length)
+    requires knows_body_size
+  {
+    return static_cast<std::size_t>(codec.segment_body_size(offset, length));
+  }
   /// Where a segment may be cut into chunks (ring_options::chunk_elements):
   /// chunks start on multiples of the result from the segment's start, and
   /// encoding a chunk at its offset must give the chunk's part of the

@@ -10,6 +10,7 @@
 /// compressed blocks byte for byte, and every rank decodes them (eq. 5).
 /// Part of <gradcomp/schedules.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -71,14 +72,16 @@ inline std::vector<std::span<const std::byte>> schedule_unpack(std::span<const s
 }
 
 /// The messages of the compressed schedules, whose length the receiver
-/// does not know in advance. A moving transport receives them whole
+/// may not know in advance. A moving transport receives them whole
 /// (irecv). A ZeroCopyTransport (MPI) gets each as two: its length (8
-/// bytes, a native uint64) and then the bytes, received into one buffer kept
-/// for the call, with receives posted before the data is due: an MPI that
-/// must probe for an unknown length instead (SimGrid's SMPI, without a
-/// matched probe) charges simulated time per probe that grows while it
-/// waits, and a receive posted only after the probe holds a large message
-/// back until then.
+/// bytes, a native uint64) and then the bytes, each message into a buffer
+/// of its own kept for the call, with receives posted before the data is
+/// due: an MPI that must probe for an unknown length instead (SimGrid's
+/// SMPI, without a matched probe) charges simulated time per probe that
+/// grows while it waits, and a receive posted only after the probe holds a
+/// large message back until then. A message whose length the receiver knows
+/// (expect_exact) travels without the length message, received straight
+/// into its buffer.
 template <class T>
 class linear_mailbox {
  public:
@@ -92,6 +95,7 @@ class linear_mailbox {
   /// waits for the length and posts the receive of the bytes), then collect().
   struct incoming {
     int peer = 0, tag = 0;
+    std::size_t slot = 0;  ///< zero-copy: the buffer its bytes land in
     std::unique_ptr<std::uint64_t> length = std::make_unique<std::uint64_t>(0);  ///< where the length lands (stable)
     std::optional<recv_handle> head;  ///< zero-copy: the length; else the whole message
     std::optional<recv_handle> body;  ///< zero-copy: the bytes
@@ -108,14 +112,36 @@ class linear_mailbox {
     incoming in;
     in.peer = peer;
     in.tag = tag;
+    in.slot = slots_++;
     if constexpr (zero_copy)
       in.head.emplace(t_.irecv_into(peer, tag, std::as_writable_bytes(std::span<std::uint64_t>(in.length.get(), 1))));
     else
       in.head.emplace(t_.irecv(peer, tag));
     return in;
   }
+  /// Posts the receive of the next message from `peer` with `tag`, which is
+  /// exactly `bytes` long. Zero-copy: straight into its buffer, with no
+  /// length message (the sender calls send(peer, tag, false)); a message of
+  /// another length is a transport_error at collect(). Moving: as expect().
+  incoming expect_exact(int peer, int tag, std::size_t bytes) {
+    if constexpr (!zero_copy) {
+      (void)bytes;
+      return expect(peer, tag);
+    } else {
+      incoming in;
+      in.peer = peer;
+      in.tag = tag;
+      in.slot = slots_++;
+      *in.length = bytes;
+      in.armed = true;
+      std::vector<std::byte>& inbox = inbox_of(in.slot);
+      if (inbox.size() < bytes) inbox.resize(bytes);
+      in.body.emplace(t_.irecv_into(peer, tag, std::span<std::byte>(inbox.data(), bytes)));
+      return in;
+    }
+  }
   /// Zero-copy: waits for the length and posts the receive of the bytes into
-  /// the call's buffer (which must stay as it is until collect()). Moving: nothing.
+  /// the message's buffer (which must stay as it is until collect()). Moving: nothing.
   void arm(incoming& in) {
     if (in.armed) return;
     in.armed = true;
@@ -125,12 +151,12 @@ class linear_mailbox {
       if (got != sizeof(std::uint64_t) || *in.length > max_message)
         throw transport_error(std::string(who_) + ": rank " + std::to_string(t_.rank()) + ": malformed message length from rank " +
                               std::to_string(in.peer));
-      std::vector<std::byte>& inbox = ws_.bytes(0);
+      std::vector<std::byte>& inbox = inbox_of(in.slot);
       if (inbox.size() < *in.length) inbox.resize(static_cast<std::size_t>(*in.length));
       in.body.emplace(t_.irecv_into(in.peer, in.tag, std::span<std::byte>(inbox.data(), static_cast<std::size_t>(*in.length))));
     }
   }
-  /// Waits for the message and returns its bytes (valid until the next arm()).
+  /// Waits for the message and returns its bytes (valid until finish()).
   std::span<const std::byte> collect(incoming& in) {
     arm(in);
     std::size_t got = 0;
@@ -138,7 +164,7 @@ class linear_mailbox {
     ring_timed(st_.wait_seconds, [&] {
       if constexpr (zero_copy) {
         got = in.body->wait();
-        out = std::span<const std::byte>(ws_.bytes(0).data(), got);
+        out = std::span<const std::byte>(inbox_of(in.slot).data(), got);
       } else {
         in.whole = in.head->wait();
         got = in.whole.bytes.size();
@@ -154,18 +180,23 @@ class linear_mailbox {
     return out;
   }
   /// The buffer to fill for the next send() (the workspace's: it keeps its capacity).
-  std::vector<std::byte>& outgoing() { return ws_.bytes(1 + sent_); }
+  std::vector<std::byte>& outgoing() { return ws_.bytes(2 * sent_ + 1); }
   /// Sends the buffer outgoing() returned to `peer` (zero-copy: its length
-  /// first; both read until finish()).
-  void send(int peer, int tag) {
-    std::vector<std::byte>& m = ws_.bytes(1 + sent_++);
+  /// first unless `with_length` is false, for a receiver that posted
+  /// expect_exact; read until finish()).
+  void send(int peer, int tag, bool with_length = true) {
+    std::vector<std::byte>& m = ws_.bytes(2 * sent_++ + 1);
     st_.bytes_sent += m.size();
     ++st_.messages_sent;
     if constexpr (zero_copy) {
-      lengths_.push_back(std::make_unique<std::uint64_t>(m.size()));
-      sends_.push_back(t_.isend_view(peer, tag, std::as_bytes(std::span<const std::uint64_t>(lengths_.back().get(), 1))));
+      if (with_length) {
+        lengths_.push_back(std::make_unique<std::uint64_t>(m.size()));
+        sends_.push_back(
+            t_.isend_view(peer, tag, std::as_bytes(std::span<const std::uint64_t>(lengths_.back().get(), 1))));
+      }
       sends_.push_back(t_.isend_view(peer, tag, std::span<const std::byte>(m)));
     } else {
+      (void)with_length;
       sends_.push_back(t_.isend(peer, tag, std::move(m)));  // the transport takes the bytes
     }
   }
@@ -177,6 +208,7 @@ class linear_mailbox {
     sends_.clear();
     lengths_.clear();
     sent_ = 0;
+    slots_ = 0;
   }
 
  private:
@@ -185,8 +217,12 @@ class linear_mailbox {
   ring_stats& st_;
   const char* who_;
   schedule_workspace own_;
-  schedule_workspace& ws_;  ///< bytes(0): what arrives; bytes(1 + i): the i-th message sent
+  /// The workspace's buffer of the i-th message received in a call.
+  std::vector<std::byte>& inbox_of(std::size_t slot) { return ws_.bytes(2 * slot); }
+
+  schedule_workspace& ws_;  ///< bytes(2 i): the i-th message received; bytes(2 i + 1): the i-th sent
   std::size_t sent_ = 0;
+  std::size_t slots_ = 0;  ///< messages expected so far in the call
   std::vector<std::unique_ptr<std::uint64_t>> lengths_;
   std::vector<send_handle> sends_;
 };
@@ -258,13 +294,13 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   }
 
   linear_mailbox<T> mail(t, st, who, o.workspace);
-  auto send = [&](int peer, int tag, int lo, int hi, bool serialize) {
+  auto send = [&](int peer, int tag, int lo, int hi, bool serialize, bool with_length = true) {
     if (serialize)
       ring_timed(st.combine_seconds, [&] {
         for (int j = lo; j < hi; ++j) wire::serialize_into(enc[std::size_t(j)], ser[std::size_t(j)]);
       });
     schedule_pack(std::span<const std::vector<std::byte>>(ser).subspan(std::size_t(lo), std::size_t(hi - lo)), mail.outgoing());
-    mail.send(peer, tag);
+    mail.send(peer, tag, with_length);
   };
   auto parts_of = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {
     return schedule_unpack(bytes, std::size_t(hi - lo),
@@ -290,6 +326,29 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     auto in = mail.expect(rs.fold_partner(), tag);
     add_in(mail.collect(in), rs.fold_partner(), 0, p);
   }
+  // The first step's halves travel in pieces of whole blocks (at most
+  // max_chunks; none with chunk_elements 0), cut the same way on both sides
+  // (the peer's given half is this rank's kept half): each piece of the given
+  // half is sent as soon as it is encoded, so the wire starts after one
+  // piece's encode instead of the half's. Over a zero-copy transport only
+  // where the codec knows its payload sizes in advance: the receives are then
+  // exact and posted before the data is due, with no length messages (with
+  // them, a piece's receive could be posted only once its length had
+  // arrived, which holds a large message back under SMPI).
+  constexpr bool exact_sizes = linear_mailbox<T>::zero_copy && seg::knows_body_size;
+  auto first_step_pieces = [&](int blocks) {
+    if constexpr (linear_mailbox<T>::zero_copy && !seg::knows_body_size) return 1;
+    if (o.chunk_elements == 0 || blocks < 2) return 1;
+    return o.max_chunks == 0 ? blocks : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(blocks)));
+  };
+  auto packed_bytes = [&](int lo, int hi) {  // schedule_pack's bytes of blocks [lo, hi), before they are encoded
+    std::size_t bytes = 0;
+    if constexpr (seg::knows_body_size)
+      for (int j = lo; j < hi; ++j)
+        bytes += sizeof(std::uint64_t) + wire::header_size +
+                 seg::body_size(codec, b[std::size_t(j)], b[std::size_t(j) + 1] - b[std::size_t(j)]);
+    return bytes;
+  };
   const int v = rs.virtual_rank();
   if (v >= 0) {
     int lo = 0, hi = p;
@@ -297,13 +356,25 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
       const int klo = lower ? lo : mid, khi = lower ? mid : hi;
-      auto in = mail.expect(peer, tag);  // posted before the send: the peer's bytes are never held back
       const int glo = lower ? mid : lo, ghi = lower ? hi : mid;
-      encode(glo, ghi);
-      send(peer, tag, glo, ghi, true);
-      mail.arm(in);
+      const int m = k == 0 ? first_step_pieces(khi - klo) : 1;
+      auto cut = [m](int from, int to, int i) { return from + static_cast<int>(static_cast<long long>(to - from) * i / m); };
+      std::vector<typename linear_mailbox<T>::incoming> ins;  // posted before the sends: the peer's bytes are never held back
+      ins.reserve(std::size_t(m));
+      for (int i = 0; i < m; ++i) {
+        if (exact_sizes && m > 1)
+          ins.push_back(mail.expect_exact(peer, tag, packed_bytes(cut(klo, khi, i), cut(klo, khi, i + 1))));
+        else
+          ins.push_back(mail.expect(peer, tag));
+      }
+      for (int i = 0; i < m; ++i) {
+        const int a = cut(glo, ghi, i), z = cut(glo, ghi, i + 1);
+        encode(a, z);
+        send(peer, tag, a, z, true, !(exact_sizes && m > 1));
+      }
+      if (m == 1) mail.arm(ins[0]);
       encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
-      add_in(mail.collect(in), peer, klo, khi);
+      for (int i = 0; i < m; ++i) add_in(mail.collect(ins[std::size_t(i)]), peer, cut(klo, khi, i), cut(klo, khi, i + 1));
       lo = klo;
       hi = khi;
     }
