@@ -253,7 +253,10 @@ const std::vector<method>& methods() {
     m.push_back(codec_method<gradiveq_codec>(
         "gc_gradiveq_rabenseifner", "gradiveq", "rabenseifner", make_gradiveq,
         [](context& c, gradiveq_codec& q, std::span<float> x) {
-          note(c, gradcomp::allreduce_linear(policy{}, c.transport, q, x, {.kind = sk::rabenseifner, .workspace = &c.workspace}));
+          // --chunk 0 sends the first step's half as one message, --max-chunks caps its pieces
+          note(c, gradcomp::allreduce_linear(policy{}, c.transport, q, x,
+                                             {.kind = sk::rabenseifner, .chunk_elements = c.chunk,
+                                              .max_chunks = c.max_chunks, .workspace = &c.workspace}));
         },
         sk::rabenseifner));
     // Diagnostic, not in the runner's lists: GradiVeQ's encode (eq. 3) and decode
