@@ -319,7 +319,8 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends its first step in pieces: t
   // GradiVeQ knows its payload sizes before encoding, so the first step's
   // halves go as at most max_chunks pieces, each sent as soon as it is
   // encoded, over the moving face and (exact receives, no length messages)
-  // the zero-copy face. chunk_elements = 0 keeps one message.
+  // the zero-copy face; a last doubling half above two chunks goes as two
+  // messages. chunk_elements = 0 keeps one message each.
   static_assert(gradcomp::ring_segmentation<gradcomp::linear_compressor<>>::knows_body_size);
   static_assert(!gradcomp::ring_segmentation<gradcomp::dense_codec<>>::knows_body_size);
   for (int n : {2, 3, 4, 5, 6, 8}) {
@@ -358,6 +359,13 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends its first step in pieces: t
         std::size_t most = 0;
         for (int r = 0; r < n; ++r) most = std::max(most, stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
         CHECK(most == extra);
+        // Small chunks also split the last doubling step's half in two (one message more).
+        const auto [split, split_stats] = run_face(zc, {.chunk_elements = 16, .max_chunks = cap});
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(split[std::size_t(r)], whole[0]));
+        std::size_t most_split = 0;
+        for (int r = 0; r < n; ++r)
+          most_split = std::max(most_split, split_stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
+        CHECK(most_split == extra + (p >= 4 ? 1 : 0));
       }
   }
 }

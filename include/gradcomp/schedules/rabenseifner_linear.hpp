@@ -200,6 +200,12 @@ class linear_mailbox {
       sends_.push_back(t_.isend(peer, tag, std::move(m)));  // the transport takes the bytes
     }
   }
+  /// Waits for every send posted so far (their buffers stay until finish()).
+  void wait_sends() {
+    ring_timed(st_.wait_seconds, [&] {
+      for (auto& h : sends_) h.wait();
+    });
+  }
   /// Waits for every send.
   void finish() {
     ring_timed(st_.wait_seconds, [&] {
@@ -391,18 +397,51 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         else decode(parse(ser[std::size_t(j)], j, peer), j);
       }
     };
+    // The last doubling step carries half of the blocks, and their decode
+    // could only follow the transfer. Where that half is large it goes as two
+    // messages, the second sent once the first has left: the first half's
+    // blocks are then decoded while the second travels, for one more latency
+    // (same conditions as the first step's pieces, and more than two chunks
+    // of floats).
+    auto split_last = [&](int blocks, int lo_, int hi_) {
+      if constexpr (linear_mailbox<T>::zero_copy && !seg::knows_body_size) return false;
+      return o.chunk_elements != 0 && blocks >= 2 && o.max_chunks != 1 &&
+             b[std::size_t(hi_)] - b[std::size_t(lo_)] > 2 * o.chunk_elements;
+    };
     int last_peer = self;
     for (int d = 1; d < p; d *= 2) {
       const int width = hi - lo, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
-      auto in = mail.expect(peer, tag2);
-      send(peer, tag2, lo, hi, false);
-      mail.arm(in);
-      decode_held(last_peer);
-      keep_bytes(mail.collect(in), peer, plo, phi);
-      dlo = plo;
-      dhi = phi;
+      if (2 * d >= p && split_last(width, lo, hi)) {
+        const int pmid = plo + width / 2, mid = lo + width / 2;
+        auto expect = [&](int a, int z) {
+          if constexpr (exact_sizes) return mail.expect_exact(peer, tag2, packed_bytes(a, z));
+          else return mail.expect(peer, tag2);
+        };
+        auto first = expect(plo, pmid);
+        auto second = expect(pmid, phi);
+        send(peer, tag2, lo, mid, false, !exact_sizes);
+        decode_held(last_peer);
+        mail.wait_sends();  // the first message has left: the second has the link to itself
+        send(peer, tag2, mid, hi, false, !exact_sizes);
+        keep_bytes(mail.collect(first), peer, plo, pmid);
+        dlo = plo;
+        dhi = pmid;
+        own = false;
+        decode_held(peer);  // while the second message travels
+        keep_bytes(mail.collect(second), peer, pmid, phi);
+        dlo = pmid;
+        dhi = phi;
+      } else {
+        auto in = mail.expect(peer, tag2);
+        send(peer, tag2, lo, hi, false);
+        mail.arm(in);
+        decode_held(last_peer);
+        keep_bytes(mail.collect(in), peer, plo, phi);
+        dlo = plo;
+        dhi = phi;
+      }
       own = false;
       last_peer = peer;
       lo = lower ? lo : plo;
