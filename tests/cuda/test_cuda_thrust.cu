@@ -77,6 +77,12 @@ int main() {
     compare("qsgd", a, b, n, 3);
   }
   {
+    const qsgd_options o{4, 0, 512, 7, ex::qsgd_norm::max};
+    qsgd<ex::seq> a(o);
+    qsgd<ex::thrust_cuda> b(o);
+    compare("qsgd (max norm)", a, b, n, 3);
+  }
+  {
     sparsifier_options o;
     o.dgc_momentum = true;
     sparsifier_with_memory<ex::seq> a(n, o);

@@ -204,6 +204,8 @@ TEST_CASE("thrust QSGD equals seq for every width and bucket size") {
         CAPTURE(n);
         const auto g = gradients(n, 3, 100 + n);
         check_policies_agree([&]<class P>() { return qsgd<P>(qsgd_options{bits, 0, bucket, 42}); }, g);
+        check_policies_agree(
+            [&]<class P>() { return qsgd<P>(qsgd_options{bits, 0, bucket, 42, gradcomp::execution::qsgd_norm::max}); }, g);
       }
 }
 
@@ -217,6 +219,13 @@ TEST_CASE("thrust QSGD: tiny and huge buckets take seq's other norm routes") {
         return qsgd<P>(qsgd_options{4, 0, 512, 1});
       },
       std::vector<std::vector<float>>{g, g});
+}
+
+TEST_CASE("thrust QSGD with the max norm: tiny buckets flush to 0 as seq's") {
+  auto g = normal_floats(3000, 10);
+  for (std::size_t i = 0; i < 512; ++i) g[i] *= 1e-33f;  // max |x| < 2^-100: scale 0
+  check_policies_agree([]<class P>() { return qsgd<P>(qsgd_options{4, 0, 512, 1, gradcomp::execution::qsgd_norm::max}); },
+                       std::vector<std::vector<float>>{g, g});
 }
 
 TEST_CASE("thrust sparsifier_with_memory equals seq: exact, sampled, DGC, ties") {
