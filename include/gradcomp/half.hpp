@@ -158,6 +158,12 @@ class half_codec {
   }
   /// Exact serialized bytes: 32 header + 2 per element.
   [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+  /// Body bytes of the payload of `length` elements, known before encoding
+  /// (ring_segmentation::knows_body_size: the compressed Rabenseifner then
+  /// posts exact receives). `offset` does not matter: the codec has no segments.
+  [[nodiscard]] std::size_t segment_body_size(std::size_t /*offset*/, std::size_t length) const noexcept {
+    return length * sizeof(std::uint16_t);
+  }
   /// Values clamped to +-max_value by the last encode and the add_raw_and_reencode calls after it.
   [[nodiscard]] std::size_t saturated() const noexcept { return saturated_; }
 
