@@ -233,54 +233,64 @@ class linear_mailbox {
   std::vector<send_handle> sends_;
 };
 
-/// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
+/// The blocks of a compressed schedule's vector and what it does with
+/// them: each block encoded once (eq. 3), received payloads parsed with
+/// limits and summed in (eq. 4), complete blocks kept as bytes and decoded
+/// (eq. 5), lists of blocks sent as one message through a linear_mailbox.
+/// Shared by the compressed Rabenseifner and hierarchical ring.
 template <class T, class C>
-ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
-  using payload = typename std::remove_const_t<C>::payload_type;
-  using seg = ring_segmentation<std::remove_const_t<C>>;
-  constexpr const char* who = "rabenseifner_allreduce_linear";
-  const auto started = ring_clock::now();
-  ring_stats st;
-  schedule_check_tags(o, who);
-  const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
-  const int n = rs.size(), p = rs.blocks(), self = rs.rank();
-  ring_check_summands(codec, n, who);
-  const std::vector<std::size_t> b =
-      ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), p), data.size(), p, who);
-  auto block = [&](int j) { return data.subspan(b[std::size_t(j)], b[std::size_t(j) + 1] - b[std::size_t(j)]); };
-  const auto P = static_cast<std::size_t>(p);
-  std::vector<payload> enc(P);
-  std::vector<std::size_t> body(P);
-  std::vector<std::vector<std::byte>> ser(P);
-  std::vector<bool> encoded(P, false);
-  auto encode = [&](int lo, int hi) {  // eq. 3 on every block of [lo, hi) not encoded yet: each block once
+class linear_blocks {
+ public:
+  using codec_type = std::remove_const_t<C>;
+  using payload = typename codec_type::payload_type;
+  using seg = ring_segmentation<codec_type>;
+
+  /// `bounds`: parts + 1 offsets of the blocks (ring_checked_bounds').
+  linear_blocks(T& t, C& codec, std::span<float> data, std::vector<std::size_t> bounds, const schedule_options& o,
+                ring_stats& st, const char* who)
+      : codec_(codec), data_(data), b_(std::move(bounds)), o_(o), st_(st), who_(who),
+        self_(static_cast<int>(t.rank())), n_(static_cast<int>(t.size())), enc_(b_.size() - 1),
+        body_(b_.size() - 1), ser_(b_.size() - 1), encoded_(b_.size() - 1, false), mail_(t, st, who, o.workspace) {}
+
+  int blocks() const noexcept { return static_cast<int>(b_.size()) - 1; }
+  std::span<float> block(int j) const { return data_.subspan(b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]); }
+  /// Floats of blocks [lo, hi).
+  std::size_t elements(int lo, int hi) const noexcept { return b_[std::size_t(hi)] - b_[std::size_t(lo)]; }
+  linear_mailbox<T>& mail() noexcept { return mail_; }
+  /// This rank's payload of block j (its encoding, then the sums added into it).
+  payload& own(int j) { return enc_[std::size_t(j)]; }
+
+  /// Eq. 3 on every block of [lo, hi) not encoded yet: each block once.
+  void encode(int lo, int hi) {
     for (int j = lo; j < hi; ++j) {
-      if (encoded[std::size_t(j)]) continue;
-      ring_timed(st.encode_seconds, [&] { seg::encode(codec, b[std::size_t(j)], std::span<const float>(block(j)), enc[std::size_t(j)]); });
-      ++st.encodes;
-      encoded[std::size_t(j)] = true;
-      body[std::size_t(j)] = enc[std::size_t(j)].body_size();
-      st.own_encoded_bytes += codec.encoded_bytes(enc[std::size_t(j)]);
+      if (encoded_[std::size_t(j)]) continue;
+      ring_timed(st_.encode_seconds,
+                 [&] { seg::encode(codec_, b_[std::size_t(j)], std::span<const float>(block(j)), enc_[std::size_t(j)]); });
+      ++st_.encodes;
+      encoded_[std::size_t(j)] = true;
+      body_[std::size_t(j)] = enc_[std::size_t(j)].body_size();
+      st_.own_encoded_bytes += codec_.encoded_bytes(enc_[std::size_t(j)]);
     }
-  };
-  // Folded pairs and a single rank encode everything now; the others encode
-  // the half they give away first and the half they keep while it travels.
-  if (n == 1 || rs.folded_out() || rs.folds_in()) encode(0, p);
-  auto decode = [&](const payload& q, int j) {  // eq. 5 (then the mean: the same operation on the same bits everywhere)
-    ring_timed(st.decode_seconds, [&] {
-      codec.decode(q, block(j));
-      if (o.average) schedule_average(block(j), n);
+  }
+  /// Eq. 5 into block j (then the mean: the same operation on the same bits everywhere).
+  void decode(const payload& q, int j) {
+    ring_timed(st_.decode_seconds, [&] {
+      codec_.decode(q, block(j));
+      if (o_.average) schedule_average(block(j), n_);
     });
-    ++st.decodes;
-  };
-  auto parse = [&](std::span<const std::byte> bytes, int j, int source) {
-    const std::string where = std::string(who) + ": rank " + std::to_string(self) + ", block " + std::to_string(j) +
+    ++st_.decodes;
+  }
+  /// Decodes block j from its kept bytes (received from `source`).
+  void decode_kept(int j, int source) { decode(parse(ser_[std::size_t(j)], j, source), j); }
+  /// A received payload of block j, parsed with limits from this rank's own (a linear sum has the shape of one payload, eq. 4).
+  payload parse(std::span<const std::byte> bytes, int j, int source) {
+    const std::string where = std::string(who_) + ": rank " + std::to_string(self_) + ", block " + std::to_string(j) +
                               " from rank " + std::to_string(source);
     wire::parse_limits limits;
-    limits.max_element_count = b[std::size_t(j) + 1] - b[std::size_t(j)];
-    limits.max_body_length = body[std::size_t(j)];  // a linear sum has the shape of one payload (eq. 4)
+    limits.max_element_count = b_[std::size_t(j) + 1] - b_[std::size_t(j)];
+    limits.max_body_length = body_[std::size_t(j)];
     payload q;
-    ring_timed(st.combine_seconds, [&] {
+    ring_timed(st_.combine_seconds, [&] {
       try {
         q = wire::parse<payload>(bytes, limits);
       } catch (const wire::wire_error& e) {
@@ -289,48 +299,104 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       if (static_cast<std::uint64_t>(q.element_count()) != static_cast<std::uint64_t>(limits.max_element_count))
         throw size_mismatch_error(where + ": payload length", limits.max_element_count,
                                   static_cast<std::size_t>(q.element_count()));
-      seg::check(q, b[std::size_t(j)], where);
+      seg::check(q, b_[std::size_t(j)], where);
     });
     return q;
-  };
-  if (n == 1) {
-    for (int j = 0; j < p; ++j) decode(enc[std::size_t(j)], j);
-    st.seconds = ring_seconds_since(started);
-    return st;
   }
-
-  linear_mailbox<T> mail(t, st, who, o.workspace);
-  auto send = [&](int peer, int tag, int lo, int hi, bool serialize, bool with_length = true) {
-    if (serialize)
-      ring_timed(st.combine_seconds, [&] {
-        for (int j = lo; j < hi; ++j) wire::serialize_into(enc[std::size_t(j)], ser[std::size_t(j)]);
-      });
-    schedule_pack(std::span<const std::vector<std::byte>>(ser).subspan(std::size_t(lo), std::size_t(hi - lo)), mail.outgoing());
-    mail.send(peer, tag, with_length);
-  };
-  auto parts_of = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {
-    return schedule_unpack(bytes, std::size_t(hi - lo),
-                           std::string(who) + ": rank " + std::to_string(self) + " from rank " + std::to_string(peer));
-  };
-  auto add_in = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {  // eq. 4 on each block
+  /// Serializes this rank's payload of block j into its kept bytes.
+  void serialize(int j) {
+    ring_timed(st_.combine_seconds, [&] { wire::serialize_into(enc_[std::size_t(j)], ser_[std::size_t(j)]); });
+  }
+  /// Sends blocks [lo, hi) to `peer` as one message: this rank's payloads
+  /// (`serialize`) or the kept bytes; zero-copy: without a length message
+  /// when !with_length (the receiver posted expect_exact).
+  void send(int peer, int tag, int lo, int hi, bool serialize_own, bool with_length = true) {
+    if (serialize_own)
+      for (int j = lo; j < hi; ++j) serialize(j);
+    schedule_pack(std::span<const std::vector<std::byte>>(ser_).subspan(std::size_t(lo), std::size_t(hi - lo)),
+                  mail_.outgoing());
+    mail_.send(peer, tag, with_length);
+  }
+  /// Eq. 4 on each block of [lo, hi): the message's payloads summed into this rank's.
+  void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi) {
     const auto parts = parts_of(bytes, peer, lo, hi);
     for (int j = lo; j < hi; ++j) {
       payload q = parse(parts[std::size_t(j - lo)], j, peer);
-      ring_timed(st.combine_seconds, [&] { codec.accumulate(enc[std::size_t(j)], q); });
+      ring_timed(st_.combine_seconds, [&] { codec_.accumulate(enc_[std::size_t(j)], q); });
     }
-  };
-  auto keep_bytes = [&](std::span<const std::byte> bytes, int peer, int lo, int hi) {  // complete blocks, as they are
+  }
+  /// Complete blocks [lo, hi), kept as the bytes they arrived as.
+  void keep_bytes(std::span<const std::byte> bytes, int peer, int lo, int hi) {
     const auto parts = parts_of(bytes, peer, lo, hi);
-    for (int j = lo; j < hi; ++j) ser[std::size_t(j)].assign(parts[std::size_t(j - lo)].begin(), parts[std::size_t(j - lo)].end());
-  };
+    for (int j = lo; j < hi; ++j)
+      ser_[std::size_t(j)].assign(parts[std::size_t(j - lo)].begin(), parts[std::size_t(j - lo)].end());
+  }
+  /// Eq. 5 on each block of [lo, hi) straight from a message of complete blocks.
+  void decode_message(std::span<const std::byte> bytes, int peer, int lo, int hi) {
+    const auto parts = parts_of(bytes, peer, lo, hi);
+    for (int j = lo; j < hi; ++j) decode(parse(parts[std::size_t(j - lo)], j, peer), j);
+  }
+  /// schedule_pack's bytes of blocks [lo, hi), known before they are encoded
+  /// (seg::knows_body_size; 0 otherwise).
+  std::size_t packed_bytes(int lo, int hi) const {
+    std::size_t bytes = 0;
+    if constexpr (seg::knows_body_size)
+      for (int j = lo; j < hi; ++j)
+        bytes += sizeof(std::uint64_t) + wire::header_size +
+                 seg::body_size(codec_, b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]);
+    return bytes;
+  }
+
+ private:
+  std::vector<std::span<const std::byte>> parts_of(std::span<const std::byte> bytes, int peer, int lo, int hi) const {
+    return schedule_unpack(bytes, std::size_t(hi - lo),
+                           std::string(who_) + ": rank " + std::to_string(self_) + " from rank " + std::to_string(peer));
+  }
+
+  C& codec_;
+  std::span<float> data_;
+  std::vector<std::size_t> b_;
+  const schedule_options& o_;
+  ring_stats& st_;
+  const char* who_;
+  int self_, n_;
+  std::vector<payload> enc_;
+  std::vector<std::size_t> body_;
+  std::vector<std::vector<std::byte>> ser_;
+  std::vector<bool> encoded_;
+  linear_mailbox<T> mail_;
+};
+
+/// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
+template <class T, class C>
+ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
+  using seg = ring_segmentation<std::remove_const_t<C>>;
+  constexpr const char* who = "rabenseifner_allreduce_linear";
+  const auto started = ring_clock::now();
+  ring_stats st;
+  schedule_check_tags(o, who);
+  const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
+  const int n = rs.size(), p = rs.blocks(), self = rs.rank();
+  ring_check_summands(codec, n, who);
+  linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), p), data.size(), p, who),
+                          o, st, who);
+  // Folded pairs and a single rank encode everything now; the others encode
+  // the half they give away first and the half they keep while it travels.
+  if (n == 1 || rs.folded_out() || rs.folds_in()) blk.encode(0, p);
+  if (n == 1) {
+    for (int j = 0; j < p; ++j) blk.decode(blk.own(j), j);
+    st.seconds = ring_seconds_since(started);
+    return st;
+  }
+  auto& mail = blk.mail();
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
 
   // Fold: the even rank of a pair sends all its encoded blocks; the odd one sums them in.
   if (rs.folded_out()) {
-    send(rs.fold_partner(), tag, 0, p, true);
+    blk.send(rs.fold_partner(), tag, 0, p, true);
   } else if (rs.folds_in()) {
     auto in = mail.expect(rs.fold_partner(), tag);
-    add_in(mail.collect(in), rs.fold_partner(), 0, p);
+    blk.add_in(mail.collect(in), rs.fold_partner(), 0, p);
   }
   // The first step's halves travel in pieces of whole blocks (at most
   // max_chunks; none with chunk_elements 0), cut the same way on both sides
@@ -347,14 +413,6 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     if (o.chunk_elements == 0 || blocks < 2) return 1;
     return o.max_chunks == 0 ? blocks : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(blocks)));
   };
-  auto packed_bytes = [&](int lo, int hi) {  // schedule_pack's bytes of blocks [lo, hi), before they are encoded
-    std::size_t bytes = 0;
-    if constexpr (seg::knows_body_size)
-      for (int j = lo; j < hi; ++j)
-        bytes += sizeof(std::uint64_t) + wire::header_size +
-                 seg::body_size(codec, b[std::size_t(j)], b[std::size_t(j) + 1] - b[std::size_t(j)]);
-    return bytes;
-  };
   const int v = rs.virtual_rank();
   if (v >= 0) {
     int lo = 0, hi = p;
@@ -369,23 +427,23 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       ins.reserve(std::size_t(m));
       for (int i = 0; i < m; ++i) {
         if (exact_sizes && m > 1)
-          ins.push_back(mail.expect_exact(peer, tag, packed_bytes(cut(klo, khi, i), cut(klo, khi, i + 1))));
+          ins.push_back(mail.expect_exact(peer, tag, blk.packed_bytes(cut(klo, khi, i), cut(klo, khi, i + 1))));
         else
           ins.push_back(mail.expect(peer, tag));
       }
       for (int i = 0; i < m; ++i) {
         const int a = cut(glo, ghi, i), z = cut(glo, ghi, i + 1);
-        encode(a, z);
-        send(peer, tag, a, z, true, !(exact_sizes && m > 1));
+        blk.encode(a, z);
+        blk.send(peer, tag, a, z, true, !(exact_sizes && m > 1));
       }
       if (m == 1) mail.arm(ins[0]);
-      encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
-      for (int i = 0; i < m; ++i) add_in(mail.collect(ins[std::size_t(i)]), peer, cut(klo, khi, i), cut(klo, khi, i + 1));
+      blk.encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
+      for (int i = 0; i < m; ++i) blk.add_in(mail.collect(ins[std::size_t(i)]), peer, cut(klo, khi, i), cut(klo, khi, i + 1));
       lo = klo;
       hi = khi;
     }
     // Block v is complete: serialize it once; from here on the bytes travel as they are.
-    ring_timed(st.combine_seconds, [&] { wire::serialize_into(enc[std::size_t(v)], ser[std::size_t(v)]); });
+    blk.serialize(v);
     // Recursive doubling of the complete compressed blocks. Each step's
     // blocks are decoded (eq. 5) during the next step's transfer: only the
     // last step's blocks are decoded after the wire is done.
@@ -393,8 +451,8 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     bool own = true;
     auto decode_held = [&](int peer) {
       for (int j = dlo; j < dhi; ++j) {
-        if (own) decode(enc[std::size_t(j)], j);
-        else decode(parse(ser[std::size_t(j)], j, peer), j);
+        if (own) blk.decode(blk.own(j), j);
+        else blk.decode_kept(j, peer);
       }
     };
     // The last doubling step carries half of the blocks, and their decode
@@ -406,7 +464,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     auto split_last = [&](int blocks, int lo_, int hi_) {
       if constexpr (linear_mailbox<T>::zero_copy && !seg::knows_body_size) return false;
       return o.chunk_elements != 0 && blocks >= 2 && o.max_chunks != 1 &&
-             b[std::size_t(hi_)] - b[std::size_t(lo_)] > 2 * o.chunk_elements;
+             blk.elements(lo_, hi_) > 2 * o.chunk_elements;
     };
     int last_peer = self;
     for (int d = 1; d < p; d *= 2) {
@@ -416,29 +474,29 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       if (2 * d >= p && split_last(width, lo, hi)) {
         const int pmid = plo + width / 2, mid = lo + width / 2;
         auto expect = [&](int a, int z) {
-          if constexpr (exact_sizes) return mail.expect_exact(peer, tag2, packed_bytes(a, z));
+          if constexpr (exact_sizes) return mail.expect_exact(peer, tag2, blk.packed_bytes(a, z));
           else return mail.expect(peer, tag2);
         };
         auto first = expect(plo, pmid);
         auto second = expect(pmid, phi);
-        send(peer, tag2, lo, mid, false, !exact_sizes);
+        blk.send(peer, tag2, lo, mid, false, !exact_sizes);
         decode_held(last_peer);
         mail.wait_sends();  // the first message has left: the second has the link to itself
-        send(peer, tag2, mid, hi, false, !exact_sizes);
-        keep_bytes(mail.collect(first), peer, plo, pmid);
+        blk.send(peer, tag2, mid, hi, false, !exact_sizes);
+        blk.keep_bytes(mail.collect(first), peer, plo, pmid);
         dlo = plo;
         dhi = pmid;
         own = false;
         decode_held(peer);  // while the second message travels
-        keep_bytes(mail.collect(second), peer, pmid, phi);
+        blk.keep_bytes(mail.collect(second), peer, pmid, phi);
         dlo = pmid;
         dhi = phi;
       } else {
         auto in = mail.expect(peer, tag2);
-        send(peer, tag2, lo, hi, false);
+        blk.send(peer, tag2, lo, hi, false);
         mail.arm(in);
         decode_held(last_peer);
-        keep_bytes(mail.collect(in), peer, plo, phi);
+        blk.keep_bytes(mail.collect(in), peer, plo, phi);
         dlo = plo;
         dhi = phi;
       }
@@ -451,11 +509,10 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   }
   // Unfold: the odd rank of a pair sends the complete compressed blocks.
   if (rs.folds_in()) {
-    send(rs.fold_partner(), tag2, 0, p, false);
+    blk.send(rs.fold_partner(), tag2, 0, p, false);
   } else if (rs.folded_out()) {
     auto in = mail.expect(rs.fold_partner(), tag2);
-    const auto parts = parts_of(mail.collect(in), rs.fold_partner(), 0, p);
-    for (int j = 0; j < p; ++j) decode(parse(parts[std::size_t(j)], j, rs.fold_partner()), j);
+    blk.decode_message(mail.collect(in), rs.fold_partner(), 0, p);
   }
   mail.finish();
   st.seconds = ring_seconds_since(started);
