@@ -34,6 +34,7 @@
 #include <gradcomp/schedules/cost_model.hpp>
 #include <gradcomp/schedules/direct.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>
+#include <gradcomp/schedules/hierarchical_linear.hpp>
 #include <gradcomp/schedules/library.hpp>
 #include <gradcomp/schedules/link.hpp>
 #include <gradcomp/schedules/options.hpp>
@@ -45,11 +46,6 @@ namespace gradcomp {
 
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
-
-/// ring_options of the plain ring from schedule_options.
-inline ring_options schedule_ring_options(const schedule_options& o) {
-  return ring_options{.average = o.average, .tag_base = o.tag_base, .tag_owner = o.tag_owner};
-}
 
 /// The dense schedules with an explicit addition: the plain ring only with
 /// the policy's float addition (float_adder), the others with any `add`.
@@ -112,8 +108,10 @@ ring_stats allreduce(T& t, std::span<float> data, const schedule_options& option
 /// The all-reduce of a LinearCodec's compressed vector on a schedule:
 /// ring and pipelined_ring run Algorithm 1 of seed 002
 /// (ring_allreduce_linear, which already overlaps encoding and transfer),
-/// rabenseifner runs rabenseifner_allreduce_linear. The hierarchical and
-/// library schedules have no compressed form (invalid_argument_error).
+/// rabenseifner runs rabenseifner_allreduce_linear, hierarchical
+/// hierarchical_allreduce_linear. The direct and library schedules have no
+/// compressed form here (invalid_argument_error; the whole-model exchange
+/// runs a LinearCodec on every schedule through its summable buffer).
 template <ExecutionPolicy Policy, Transport T, class C>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const schedule_options& options = {}) {
@@ -122,9 +120,10 @@ ring_stats allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const
     case schedule_kind::pipelined_ring:
       return ring_allreduce_linear(Policy{}, t, codec, data, detail::schedule_ring_options(options));
     case schedule_kind::rabenseifner: return rabenseifner_allreduce_linear(t, codec, data, options);
+    case schedule_kind::hierarchical: return hierarchical_allreduce_linear(Policy{}, t, codec, data, options);
     default:
       throw invalid_argument_error(std::string("allreduce_linear: no compressed form of the ") +
-                                   to_string(options.kind) + " schedule (use ring or rabenseifner)");
+                                   to_string(options.kind) + " schedule (use ring, rabenseifner or hierarchical)");
   }
 }
 

@@ -159,6 +159,11 @@ TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, cl
     allreduce_linear(t, mine, std::span<float>(pieces), o);
     CHECK(pieces == rab);
   }
+  // The compressed hierarchical ring, groups of 2 where N is even (else one level: the ring).
+  vec hier = x[std::size_t(r)];
+  allreduce_linear(t, mine, std::span<float>(hier), {.kind = schedule_kind::hierarchical, .group_size = n % 2 == 0 ? 2 : 0});
+  CHECK(same_on_every_rank(hier));
+  CHECK(rel_error(hier, reference) < 1e-5);
 }
 
 TEST_CASE("mpi schedules: the library capability sums words modulo 2^32 and takes the max") {

@@ -383,3 +383,85 @@ TEST_CASE("schedules: GradiVeQ pieces over the zero-copy face: a peer with anoth
     gradcomp::rabenseifner_allreduce_linear(z, mine, x[std::size_t(ep.rank())]);
   }, {.recv_timeout = 5s}), gradcomp::error);
 }
+
+TEST_CASE("schedules: GradiVeQ on the hierarchical ring: bit-identical, the compressed sum, groups of 2-4, both faces") {
+  struct shape {
+    int n, g;
+  };
+  for (const shape sh : {shape{4, 2}, shape{6, 2}, shape{6, 3}, shape{8, 2}, shape{8, 4}, shape{9, 3}})
+    for (std::size_t tail : {std::size_t(0), std::size_t(5)}) {
+      const int n = sh.n;
+      CAPTURE(n);
+      CAPTURE(sh.g);
+      CAPTURE(tail);
+      const std::size_t K = 16;
+      const low_rank_layer layer(K, 3, K * std::size_t(2 * n + 3) + tail, 70 + std::uint64_t(n));
+      const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+      const std::vector<vec> x = rank_samples(layer, n, 8000);
+      const vec reference = compressed_domain_sum(codec, x);
+      for (bool zero_copy : {false, true})
+        for (bool average : {false, true}) {
+          CAPTURE(zero_copy);
+          CAPTURE(average);
+          std::vector<vec> out = x;
+          std::vector<ring_stats> stats(static_cast<std::size_t>(n));
+          run_workers(n, [&](inproc_endpoint& ep) {
+            auto mine = codec;
+            const schedule_options o{.kind = schedule_kind::hierarchical, .average = average, .group_size = sh.g};
+            auto& v = out[std::size_t(ep.rank())];
+            if (zero_copy) {
+              auto z = ep.zero_copy();
+              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(z, mine, std::span<float>(v), o);
+            } else {
+              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(ep, mine, std::span<float>(v), o);
+            }
+          }, {.recv_timeout = 60s});
+          for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+          vec want = reference;
+          if (average)
+            for (auto& w : want) w /= float(n);
+          CHECK(rel_error(out[0], want) < 1e-5);
+          // Every block encoded and decoded exactly once per rank; 2(g-1) + 2(G-1) messages.
+          const int groups = n / sh.g;
+          for (const auto& st : stats) {
+            CHECK(st.encodes == std::size_t(n));
+            CHECK(st.decodes == std::size_t(n));
+            CHECK(st.messages_sent == std::size_t(2 * (sh.g - 1) + 2 * (groups - 1)));
+          }
+        }
+    }
+}
+
+TEST_CASE("schedules: the compressed hierarchical ring: one level is Algorithm 1's ring; a group size must divide N") {
+  const std::size_t K = 16;
+  const low_rank_layer layer(K, 3, K * 20 + 3, 17);
+  const auto codec = fitted_codec(layer, 6);
+  const std::vector<vec> x = rank_samples(layer, 6, 40);
+  for (int g : {0, 1, 6}) {
+    CAPTURE(g);
+    std::vector<vec> hier = x, ring = x;
+    run_workers(6, [&](inproc_endpoint& ep) {
+      auto mine = codec;
+      gradcomp::allreduce_linear(ep, mine, std::span<float>(hier[std::size_t(ep.rank())]),
+                                 {.kind = schedule_kind::hierarchical, .group_size = g});
+      gradcomp::ring_allreduce_linear(ep, mine, std::span<float>(ring[std::size_t(ep.rank())]));
+    });
+    for (int r = 0; r < 6; ++r) CHECK(bit_equal(hier[std::size_t(r)], ring[std::size_t(r)]));
+  }
+  std::vector<vec> bad = x;
+  CHECK_THROWS_AS(run_workers(6, [&](inproc_endpoint& ep) {
+    auto mine = codec;
+    gradcomp::allreduce_linear(ep, mine, std::span<float>(bad[std::size_t(ep.rank())]),
+                               {.kind = schedule_kind::hierarchical, .group_size = 4});
+  }), gradcomp::invalid_argument_error);
+  // dense_codec on it: the float sum within rounding.
+  const auto y = inputs(8, 1001, 5);
+  std::vector<vec> dense = y;
+  run_workers(8, [&](inproc_endpoint& ep) {
+    gradcomp::dense_codec<> c;
+    gradcomp::allreduce_linear(ep, c, std::span<float>(dense[std::size_t(ep.rank())]),
+                               {.kind = schedule_kind::hierarchical, .group_size = 4});
+  });
+  for (int r = 0; r < 8; ++r) CHECK(bit_equal(dense[std::size_t(r)], dense[0]));
+  CHECK(max_rel(dense[0], exact_sum(y)) < 1e-5);
+}

@@ -1,0 +1,161 @@
+#pragma once
+/// \file schedules/hierarchical_linear.hpp
+/// The hierarchical (two-level) ring in the compressed domain of a
+/// LinearCodec (GradiVeQ eq. 4 holds for any order of summation): groups of
+/// g consecutive ranks, G = N / g groups. The vector is cut into N blocks by
+/// Algorithm 1's customization point (ring_segmentation<C>: GradiVeQ's slice
+/// boundaries); super-block i is blocks [i G, (i + 1) G). Every rank encodes
+/// each block once (eq. 3); a ring reduce-scatter of the super-blocks inside
+/// the group sums them in the compressed domain (eq. 4); the ranks of the
+/// same index in every group then ring-all-reduce the blocks of the
+/// super-block they own (reduce-scatter, then the complete blocks' bytes);
+/// a ring all-gather inside the group distributes the complete super-blocks
+/// byte for byte, and every rank decodes every block (eq. 5). The slow
+/// (inter-group) links carry about 2 (G-1)/G of 1/g of the compressed vector
+/// in 2 (G-1) latency steps. Part of <gradcomp/schedules.hpp>.
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/errors.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/ring/linear.hpp>
+#include <gradcomp/ring/schedule.hpp>
+#include <gradcomp/ring/stats.hpp>
+#include <gradcomp/schedules/hierarchical.hpp>
+#include <gradcomp/schedules/options.hpp>
+#include <gradcomp/schedules/rabenseifner_linear.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// ring_options of the plain ring from schedule_options.
+inline ring_options schedule_ring_options(const schedule_options& o) {
+  return ring_options{.average = o.average, .tag_base = o.tag_base, .tag_owner = o.tag_owner};
+}
+
+/// The compressed hierarchical ring (see hierarchical_allreduce_linear); two real levels only.
+template <class T, class C>
+ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
+  using seg = ring_segmentation<std::remove_const_t<C>>;
+  constexpr const char* who = "hierarchical_allreduce_linear";
+  const auto started = ring_clock::now();
+  ring_stats st;
+  schedule_check_tags(o, who);
+  const int n = static_cast<int>(t.size()), rank = static_cast<int>(t.rank()), g = o.group_size;
+  const int groups = n / g, group = rank / g, local = rank % g;
+  ring_check_summands(codec, n, who);
+  linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n), data.size(), n, who),
+                          o, st, who);
+  auto& mail = blk.mail();
+  const int tag = o.tag_base, tag2 = o.tag_base + 1;  // intra- and inter-group peers differ: they never mix
+  const ring_schedule intra(local, g, 0), inter(group, groups, 0);
+  const int intra_next = group * g + intra.next(), intra_prev = group * g + intra.prev();
+  const int inter_next = inter.next() * g + local, inter_prev = inter.prev() * g + local;
+  auto first = [&](int super) { return super * groups; };  // first block of a super-block
+
+  // Level 1: reduce-scatter of the super-blocks inside the group. The
+  // super-block sent at step s + 1 is the one summed at step s; this rank's
+  // own part of a received super-block is encoded while it travels.
+  for (int s = 0; s < intra.steps(); ++s) {
+    const int out = intra.reduce_scatter_send(s), in_super = intra.reduce_scatter_recv(s);
+    auto in = mail.expect(intra_prev, tag);
+    blk.encode(first(out), first(out) + groups);  // step 0 only: later ones send a sum
+    blk.send(intra_next, tag, first(out), first(out) + groups, true);
+    mail.arm(in);
+    blk.encode(first(in_super), first(in_super) + groups);
+    blk.add_in(mail.collect(in), intra_prev, first(in_super), first(in_super) + groups);
+  }
+  const int owned = first(intra.owned_segment());
+
+  // Level 2: the owned super-block's blocks, ring-all-reduced across the groups.
+  for (int s = 0; s < inter.steps(); ++s) {
+    const int out = owned + inter.reduce_scatter_send(s), in_block = owned + inter.reduce_scatter_recv(s);
+    auto in = mail.expect(inter_prev, tag);
+    blk.send(inter_next, tag, out, out + 1, true);
+    mail.arm(in);
+    blk.add_in(mail.collect(in), inter_prev, in_block, in_block + 1);
+  }
+  const int complete = owned + inter.owned_segment();
+  blk.serialize(complete);  // from here on the blocks travel as bytes
+  // Each step's block is decoded during the next step's transfer.
+  int held = complete, held_from = rank;
+  auto decode_held = [&] {
+    if (held_from == rank) blk.decode(blk.own(held), held);
+    else blk.decode_kept(held, held_from);
+  };
+  for (int s = 0; s < inter.steps(); ++s) {
+    const int out = owned + inter.all_gather_send(s), in_block = owned + inter.all_gather_recv(s);
+    auto in = mail.expect(inter_prev, tag2);
+    blk.send(inter_next, tag2, out, out + 1, false);
+    mail.arm(in);
+    decode_held();
+    blk.keep_bytes(mail.collect(in), inter_prev, in_block, in_block + 1);
+    held = in_block;
+    held_from = inter_prev;
+  }
+  decode_held();
+
+  // Level 1 again: the complete super-blocks, all-gathered inside the group;
+  // each received super-block is decoded during the next transfer.
+  int held_super = -1, held_super_from = 0;
+  auto decode_super = [&] {
+    if (held_super < 0) return;
+    for (int j = first(held_super); j < first(held_super) + groups; ++j) blk.decode_kept(j, held_super_from);
+  };
+  for (int s = 0; s < intra.steps(); ++s) {
+    const int out = intra.all_gather_send(s), in_super = intra.all_gather_recv(s);
+    auto in = mail.expect(intra_prev, tag2);
+    blk.send(intra_next, tag2, first(out), first(out) + groups, false);
+    mail.arm(in);
+    decode_super();
+    blk.keep_bytes(mail.collect(in), intra_prev, first(in_super), first(in_super) + groups);
+    held_super = in_super;
+    held_super_from = intra_prev;
+  }
+  decode_super();
+  // The owned super-block's other blocks (complete at level 2, kept as bytes) were decoded
+  // as they arrived; every other super-block above.
+  mail.finish();
+  st.seconds = ring_seconds_since(started);
+  return st;
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace detail
+
+GRADCOMP_ABI_NAMESPACE_BEGIN
+/// The hierarchical two-level ring all-reduce in the compressed domain of a
+/// LinearCodec, in place on `data` (every rank passes the same length and an
+/// identically configured codec; GradiVeQ's summands() must equal N), groups
+/// of options.group_size consecutive ranks (it must divide N; 0, 1 or N run
+/// Algorithm 1's one-level ring, ring_allreduce_linear). Blocks:
+/// ring_segmentation<C>::bounds(codec, length, N). Result: data =
+/// decode(sum over ranks of encode(block)), block by block, divided by N
+/// with options.average: bit-identical on every rank (each block's
+/// compressed sum is computed by one rank and its bytes are decoded
+/// everywhere). Tags options.tag_base (reduce-scatters) and + 1 (all-gathers).
+/// Errors as ring_allreduce_linear's; invalid_argument_error for a group
+/// size that does not divide N.
+template <ExecutionPolicy Policy, Transport T, class C>
+  requires LinearCodec<std::remove_const_t<C>>
+ring_stats hierarchical_allreduce_linear(Policy, T& t, C& codec, std::span<float> data,
+                                         const schedule_options& options = {}) {
+  const int n = static_cast<int>(t.size()), g = options.group_size;
+  if (g < 0 || (g > 1 && n % g != 0))
+    throw invalid_argument_error("hierarchical_allreduce_linear: group_size " + std::to_string(g) +
+                                 " does not divide the " + std::to_string(n) + " ranks");
+  if (!detail::hierarchical_two_levels(n, g))
+    return ring_allreduce_linear(Policy{}, t, codec, data, detail::schedule_ring_options(options));
+  return detail::hierarchical_linear_impl(t, codec, data, options);
+}
+
+GRADCOMP_ABI_NAMESPACE_END
+}  // namespace gradcomp
