@@ -259,6 +259,16 @@ const std::vector<method>& methods() {
                                               .max_chunks = c.max_chunks, .workspace = &c.workspace}));
         },
         sk::rabenseifner));
+    m.push_back(codec_method<gradiveq_codec>(
+        "gc_gradiveq_hierarchical", "gradiveq", "hierarchical", make_gradiveq,
+        [](context& c, gradiveq_codec& q, std::span<float> x) {
+          // groups of --group ranks (the fat tree's leaf switches); one level without
+          note(c, gradcomp::allreduce_linear(policy{}, c.transport, q, x,
+                                             {.kind = sk::hierarchical, .chunk_elements = c.chunk,
+                                              .max_chunks = c.max_chunks, .group_size = c.group,
+                                              .workspace = &c.workspace}));
+        },
+        sk::hierarchical));
     // Diagnostic, not in the runner's lists: GradiVeQ's encode (eq. 3) and decode
     // (eq. 5) of every compressible bucket on each rank, no network: the codec's
     // computation as SMPI charges it, to split gc_gradiveq_*'s time.
