@@ -454,14 +454,17 @@ TEST_CASE("schedules: the compressed hierarchical ring: one level is Algorithm 1
     gradcomp::allreduce_linear(ep, mine, std::span<float>(bad[std::size_t(ep.rank())]),
                                {.kind = schedule_kind::hierarchical, .group_size = 4});
   }), gradcomp::invalid_argument_error);
-  // dense_codec on it: the float sum within rounding.
-  const auto y = inputs(8, 1001, 5);
-  std::vector<vec> dense = y;
-  run_workers(8, [&](inproc_endpoint& ep) {
-    gradcomp::dense_codec<> c;
-    gradcomp::allreduce_linear(ep, c, std::span<float>(dense[std::size_t(ep.rank())]),
-                               {.kind = schedule_kind::hierarchical, .group_size = 4});
-  });
-  for (int r = 0; r < 8; ++r) CHECK(bit_equal(dense[std::size_t(r)], dense[0]));
-  CHECK(max_rel(dense[0], exact_sum(y)) < 1e-5);
+  // dense_codec on it: the float sum within rounding, vectors shorter than the blocks included.
+  for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7), std::size_t(1001)}) {
+    CAPTURE(len);
+    const auto y = inputs(8, len, 5);
+    std::vector<vec> dense = y;
+    run_workers(8, [&](inproc_endpoint& ep) {
+      gradcomp::dense_codec<> c;
+      gradcomp::allreduce_linear(ep, c, std::span<float>(dense[std::size_t(ep.rank())]),
+                                 {.kind = schedule_kind::hierarchical, .group_size = 4});
+    });
+    for (int r = 0; r < 8; ++r) CHECK(bit_equal(dense[std::size_t(r)], dense[0]));
+    CHECK(max_rel(dense[0], exact_sum(y)) < 1e-5);
+  }
 }
