@@ -17,6 +17,7 @@
 #include <gradcomp/homomorphic.hpp>
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/ring_allreduce.hpp>
+#include <gradcomp/schedules.hpp>
 #include <gradcomp/transport/inproc.hpp>
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
@@ -318,4 +319,55 @@ TEST_CASE("exchange: homomorphic buckets (max, then a sum of int32 words), ident
     const auto exact = gradcomp::test_support::exact_sum(fc);
     CHECK(gradcomp::test_support::rel_error(out[0][1], exact) < 0.95);
   }
+}
+
+TEST_CASE("homomorphic on Rabenseifner and the hierarchical ring: the max round first, then the ring's bits") {
+  // Every schedule of an AgreedScaleCodec agrees on the scales before it
+  // encodes; the integer sums are exact, so every schedule gives the bits of
+  // the codes summed directly. A second call agrees anew (no stale scales).
+  struct shape {
+    int n, g;
+  };
+  for (const shape sh : {shape{2, 0}, shape{3, 0}, shape{4, 2}, shape{6, 3}, shape{8, 2}})
+    for (auto kind : {gradcomp::schedule_kind::rabenseifner, gradcomp::schedule_kind::hierarchical}) {
+      const int n = sh.n;
+      INFO("ranks " << n << ", " << gradcomp::to_string(kind) << ", groups of " << sh.g);
+      const std::size_t len = 3001;
+      for (int call = 0; call < 2; ++call) {
+        const auto x = gradcomp::test_support::inputs(n, len, 40 + std::uint64_t(call), call == 0 ? 1.0f : 50.0f);
+        std::vector<std::vector<float>> out = x;
+        std::vector<homomorphic_quantizer<>> codecs;
+        for (int k = 0; k < n; ++k) codecs.emplace_back(homomorphic_options{.seed = std::uint64_t(k) + 1}, std::size_t(n));
+        gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+          auto& c = codecs[std::size_t(ep.rank())];
+          gradcomp::allreduce_linear(ep, c, std::span<float>(out[std::size_t(ep.rank())]),
+                                     {.kind = kind, .chunk_elements = 256, .group_size = sh.g});
+        });
+        for (int r = 1; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+        // The same codes summed directly (fresh codecs: the draws of their first step).
+        std::vector<homomorphic_quantizer<>> c;
+        for (int k = 0; k < n; ++k) c.emplace_back(homomorphic_options{.seed = std::uint64_t(k) + 1}, std::size_t(n));
+        const auto s = agreed(c[0], x);
+        homomorphic_payload acc, p;
+        for (int k = 0; k < n; ++k) {
+          c[std::size_t(k)].set_agreed_scales(s, len);
+          c[std::size_t(k)].encode(x[std::size_t(k)], k == 0 ? acc : p);
+          if (k > 0) c[0].accumulate(acc, p);
+        }
+        std::vector<float> direct(len);
+        c[0].decode(acc, direct);
+        if (call == 0) CHECK(bit_equal(out[0], direct));
+        // Within the codec's bound 2 S N / M of the exact sum on every call: the scales are this call's
+        // (stale ones from the first call would clip the second call's 50x larger values).
+        const auto exact = gradcomp::test_support::exact_sum(x);
+        std::size_t beyond = 0;
+        for (std::size_t i = 0; i < len; ++i) {
+          const double S = s[i / 512];
+          beyond += std::abs(double(out[0][i]) - double(exact[i])) >
+                    2.0 * S * double(n) / c[0].levels() * (1 + 1e-5) + 1e-5 * S * n;
+        }
+        CAPTURE(call);
+        CHECK(beyond == 0);
+      }
+    }
 }

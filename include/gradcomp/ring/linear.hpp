@@ -186,6 +186,31 @@ void ring_check_summands(const C& codec, int n, const char* who) {
     (void)who;
   }
 }
+/// The agreed scales of an AgreedScaleCodec (the homomorphic quantizer),
+/// before a compressed all-reduce encodes anything: local scales, a max ring
+/// over them on the call's tags (it completes before the caller posts its own
+/// receives, so the messages cannot mix), set_agreed_scales. Every schedule
+/// of such a codec runs it; nothing for other codecs.
+template <class Policy, class T, class C>
+void ring_agree_scales(T& t, C& codec, std::span<const float> data, const ring_options& options, ring_stats& st) {
+  if constexpr (AgreedScaleCodec<std::remove_const_t<C>>) {
+    std::vector<float> scales(codec.scale_count(data.size()));
+    ring_timed(st.encode_seconds, [&] { codec.local_scales(data, std::span<float>(scales)); });
+    const ring_stats m = ring_allreduce_max(Policy{}, t, std::span<float>(scales), summable_element::float32, options);
+    st.bytes_sent += m.bytes_sent;
+    st.messages_sent += m.messages_sent;
+    st.bytes_received += m.bytes_received;
+    st.wait_seconds += m.wait_seconds;
+    codec.set_agreed_scales(std::span<const float>(scales), data.size());
+  } else {
+    (void)t;
+    (void)codec;
+    (void)data;
+    (void)options;
+    (void)st;
+  }
+}
+
 /// Algorithm 1 of seed 002 (see ring_allreduce_linear).
 template <class Policy, class T, class C, class OnEncode>
 ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_options& options, OnEncode& on_encode) {
@@ -198,19 +223,7 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
   const ring_schedule ring(static_cast<int>(t.rank()), static_cast<int>(t.size()), data.size());
   const int n = ring.size(), self = ring.rank(), steps = ring.steps();
   ring_check_summands(codec, n, who);
-  if constexpr (AgreedScaleCodec<std::remove_const_t<C>>) {
-    // The agreed scales first (the homomorphic quantizer): local scales, a
-    // max ring over them on the same tags (it completes before the receives
-    // below are posted, so the messages cannot mix), then the codes.
-    std::vector<float> scales(codec.scale_count(data.size()));
-    ring_timed(st.encode_seconds, [&] { codec.local_scales(std::span<const float>(data), std::span<float>(scales)); });
-    const ring_stats m = ring_allreduce_max(Policy{}, t, std::span<float>(scales), summable_element::float32, options);
-    st.bytes_sent += m.bytes_sent;
-    st.messages_sent += m.messages_sent;
-    st.bytes_received += m.bytes_received;
-    st.wait_seconds += m.wait_seconds;
-    codec.set_agreed_scales(std::span<const float>(scales), data.size());
-  }
+  ring_agree_scales<Policy>(t, codec, std::span<const float>(data), options, st);
   const std::vector<std::size_t> bounds = ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n),
                                                               data.size(), n, who);
   // Chunks of the segments (ring_options::chunk_elements): one per segment

@@ -36,11 +36,6 @@ namespace gradcomp {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
-/// ring_options of the plain ring from schedule_options.
-inline ring_options schedule_ring_options(const schedule_options& o) {
-  return ring_options{.average = o.average, .tag_base = o.tag_base, .tag_owner = o.tag_owner};
-}
-
 /// The compressed hierarchical ring (see hierarchical_allreduce_linear); two real levels only.
 template <class T, class C>
 ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
@@ -52,6 +47,7 @@ ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const
   const int n = static_cast<int>(t.size()), rank = static_cast<int>(t.rank()), g = o.group_size;
   const int groups = n / g, group = rank / g, local = rank % g;
   ring_check_summands(codec, n, who);
+  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);  // a max: exact in any policy
   linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n), data.size(), n, who),
                           o, st, who);
   auto& mail = blk.mail();

@@ -15,6 +15,7 @@
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/tags.hpp>
 
 namespace gradcomp {
@@ -152,6 +153,11 @@ struct schedule_options {
 
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
+
+/// ring_options of the plain ring from schedule_options.
+inline ring_options schedule_ring_options(const schedule_options& o) {
+  return ring_options{.average = o.average, .tag_base = o.tag_base, .tag_owner = o.tag_owner};
+}
 
 /// Throws invalid_argument_error unless the options' two tags are allowed.
 inline void schedule_check_tags(const schedule_options& o, const char* who) {

@@ -378,6 +378,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
   const int n = rs.size(), p = rs.blocks(), self = rs.rank();
   ring_check_summands(codec, n, who);
+  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);  // a max: exact in any policy
   linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), p), data.size(), p, who),
                           o, st, who);
   // Folded pairs and a single rank encode everything now; the others encode
