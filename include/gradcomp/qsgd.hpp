@@ -177,8 +177,9 @@ inline const char* qsgd_norm_name(execution::qsgd_norm n) noexcept {
 ///
 /// Non-finite policy: encode rejects a NaN/Inf with non_finite_error naming
 /// the first bad index (the step counter is unchanged, `out` is unspecified);
-/// a bucket whose L2 norm overflows float (entries near FLT_MAX) is rejected
-/// with invalid_argument_error the same way.
+/// a bucket whose L2 norm overflows float (entries near FLT_MAX), or with the
+/// max norm a bucket whose max |x| is 2^127 or more (its top level could
+/// decode past FLT_MAX), is rejected with invalid_argument_error the same way.
 template <ExecutionPolicy Policy = execution::seq>
 class qsgd {
  public:
@@ -201,8 +202,9 @@ class qsgd {
     if (res.first_non_finite != execution::qsgd_quantize_result::npos)
       throw non_finite_error("qsgd::encode", res.first_non_finite);
     if (res.overflow_bucket != execution::qsgd_quantize_result::npos)
-      throw invalid_argument_error("qsgd::encode: the L2 norm of bucket " + std::to_string(res.overflow_bucket) +
-                                   " overflows float");
+      throw invalid_argument_error(std::string("qsgd::encode: the ") +
+                                   (options_.norm == execution::qsgd_norm::max ? "max norm (>= 2^127)" : "L2 norm") +
+                                   " of bucket " + std::to_string(res.overflow_bucket) + " overflows float");
     ++step_;
   }
 

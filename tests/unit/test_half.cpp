@@ -250,3 +250,35 @@ TEST_CASE("fp16 / bf16 on Rabenseifner: the first step in pieces and the last ha
       }
     }
 }
+
+TEST_CASE("fp16 on Rabenseifner: uneven halves at the split threshold, empty blocks: both peers cut alike") {
+  // Every cut of the compressed Rabenseifner is decided from what both peers
+  // share (the block count, the options, the length), never from the size of
+  // the half one of them sends: halves of 33 and 32 floats with chunks of 16
+  // once made one peer split its last step and the other not.
+  for (int n : {4, 5, 8})
+    for (std::size_t len : {std::size_t(1), std::size_t(3), std::size_t(9), std::size_t(63), std::size_t(64),
+                            std::size_t(65), std::size_t(66), std::size_t(129)}) {
+      INFO("ranks " << n << ", " << len << " floats");
+      const auto x = gradcomp::test_support::inputs(n, len, 13, 2.0f);
+      auto run = [&](bool zero_copy, gradcomp::schedule_options o) {
+        std::vector<std::vector<float>> out = x;
+        gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+          fp16_codec<> c;
+          if (zero_copy) {
+            auto z = ep.zero_copy();
+            gradcomp::rabenseifner_allreduce_linear(z, c, std::span<float>(out[std::size_t(ep.rank())]), o);
+          } else {
+            gradcomp::rabenseifner_allreduce_linear(ep, c, std::span<float>(out[std::size_t(ep.rank())]), o);
+          }
+        });
+        return out;
+      };
+      const auto whole = run(false, {.chunk_elements = 0});
+      for (bool zc : {false, true})
+        for (std::size_t chunk : {std::size_t(1), std::size_t(2), std::size_t(16)}) {
+          const auto got = run(zc, {.chunk_elements = chunk});
+          for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], whole[0]));
+        }
+    }
+}

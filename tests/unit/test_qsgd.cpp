@@ -739,6 +739,19 @@ TEST_CASE_TEMPLATE("norm = max: each bucket's scale is max |x|, unbiased, never 
   }
   const double e_l2 = analytic_error(y, pl), e_max = analytic_error(y, pm);
   CHECK(e_max < e_l2 / 10);
+  // A bucket whose max |x| is 2^127 or more is refused (its top level could decode to Inf), as l2 refuses an
+  // overflowing norm; just below, it decodes finite.
+  {
+    qsgd<Policy> q8(opts(8, 0, 4, 3, max_norm));
+    qsgd_payload big;
+    const std::vector<float> huge = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max() / 2, 1.0f, 0.0f};
+    CHECK_THROWS_AS(q8.encode(huge, big), invalid_argument_error);
+    const std::vector<float> large = {0x1.fffffep126f, -0x1p125f, 1.0f, 0.0f};
+    q8.encode(large, big);
+    std::vector<float> back(4);
+    q8.decode(big, back);
+    for (const float v : back) CHECK(std::isfinite(v));
+  }
   // Any qsgd decodes it: the decoder never looks at the norm kind.
   qsgd<Policy> other(opts(2, 0, 7, 1));
   std::vector<float> d1(y.size()), d2(y.size());

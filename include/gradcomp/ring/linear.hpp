@@ -147,6 +147,11 @@ struct ring_segmentation {
   }
 };
 
+/// True when ring_segmentation<C> knows the body bytes of a segment's payload
+/// before encoding it; false for a user specialisation without the member.
+template <class C>
+concept KnowsBodySize = requires { requires ring_segmentation<C>::knows_body_size; };
+
 /// The default "own encode" observer of ring_allreduce_linear: does nothing.
 struct ring_no_observer {
   template <class... A>

@@ -337,10 +337,10 @@ class linear_blocks {
     for (int j = lo; j < hi; ++j) decode(parse(parts[std::size_t(j - lo)], j, peer), j);
   }
   /// schedule_pack's bytes of blocks [lo, hi), known before they are encoded
-  /// (seg::knows_body_size; 0 otherwise).
+  /// (KnowsBodySize; 0 otherwise).
   std::size_t packed_bytes(int lo, int hi) const {
     std::size_t bytes = 0;
-    if constexpr (seg::knows_body_size)
+    if constexpr (KnowsBodySize<codec_type>)
       for (int j = lo; j < hi; ++j)
         bytes += sizeof(std::uint64_t) + wire::header_size +
                  seg::body_size(codec_, b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]);
@@ -366,6 +366,24 @@ class linear_blocks {
   std::vector<bool> encoded_;
   linear_mailbox<T> mail_;
 };
+
+/// FNV-1a over the block count, the length and every block's packed bytes
+/// (what exact receives are sized by): equal on two ranks that size each
+/// other's messages alike.
+template <class Blocks>
+std::uint64_t sizes_digest(const Blocks& blk, int blocks, std::size_t length) {
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&](std::uint64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (x >> (8 * i)) & 0xFFu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(std::uint64_t(blocks));
+  mix(std::uint64_t(length));
+  for (int j = 0; j < blocks; ++j) mix(std::uint64_t(blk.packed_bytes(j, j + 1)));
+  return h;
+}
 
 /// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
 template <class T, class C>
@@ -408,12 +426,20 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   // exact and posted before the data is due, with no length messages (with
   // them, a piece's receive could be posted only once its length had
   // arrived, which holds a large message back under SMPI).
-  constexpr bool exact_sizes = linear_mailbox<T>::zero_copy && seg::knows_body_size;
-  auto first_step_pieces = [&](int blocks) {
-    if constexpr (linear_mailbox<T>::zero_copy && !seg::knows_body_size) return 1;
-    if (o.chunk_elements == 0 || blocks < 2) return 1;
-    return o.max_chunks == 0 ? blocks : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(blocks)));
-  };
+  constexpr bool exact_sizes = linear_mailbox<T>::zero_copy && KnowsBodySize<std::remove_const_t<C>>;
+  constexpr bool may_cut = !linear_mailbox<T>::zero_copy || exact_sizes;
+  // Every choice below depends on p, the options and the length only, so
+  // both peers of every exchange make the same one.
+  const int half = p / 2;  // blocks each side gives away at the first step and sends at the last
+  const int m0 = !may_cut || o.chunk_elements == 0 || half < 2
+                     ? 1
+                     : (o.max_chunks == 0 ? half : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(half))));
+  // The last doubling step carries half of the blocks, and their decode
+  // could only follow the transfer. Where the vector is large it goes as two
+  // messages, the second sent once the first has left: the first half's
+  // blocks are then decoded while the second travels, for one more latency.
+  const bool split_last = m0 > 1 && o.max_chunks != 1 && data.size() > 4 * o.chunk_elements;
+  const bool exact = exact_sizes && m0 > 1;  // exact receives, no length messages
   const int v = rs.virtual_rank();
   if (v >= 0) {
     int lo = 0, hi = p;
@@ -422,12 +448,34 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       const bool lower = (v & d) == 0;
       const int klo = lower ? lo : mid, khi = lower ? mid : hi;
       const int glo = lower ? mid : lo, ghi = lower ? hi : mid;
-      const int m = k == 0 ? first_step_pieces(khi - klo) : 1;
+      const int m = k == 0 ? m0 : 1;
       auto cut = [m](int from, int to, int i) { return from + static_cast<int>(static_cast<long long>(to - from) * i / m); };
+      if (k == 0 && exact) {
+        // Exact receives trust this rank's own idea of the peer's payload
+        // sizes, and some MPI libraries write past a receive that is too small
+        // instead of failing. So this step's peer (also the last doubling
+        // step's) first swaps a digest of every block's size with this rank:
+        // a rank with another length or codec configuration (another
+        // GradiVeQ basis) is an error on both sides before any data is sent.
+        auto theirs = mail.expect_exact(peer, tag, sizeof(std::uint64_t));
+        const std::uint64_t mine = sizes_digest(blk, p, data.size());
+        std::vector<std::byte>& out = mail.outgoing();
+        out.resize(sizeof mine);
+        std::memcpy(out.data(), &mine, sizeof mine);
+        mail.send(peer, tag, false);
+        blk.encode(cut(glo, ghi, 0), cut(glo, ghi, 1));  // the first piece while the digests travel
+        const auto got = mail.collect(theirs);
+        std::uint64_t other = 0;
+        std::memcpy(&other, got.data(), sizeof other);
+        if (other != mine)
+          throw transport_error(std::string(who) + ": rank " + std::to_string(self) + " and rank " + std::to_string(peer) +
+                                " disagree on the sizes of their blocks' payloads (another vector length or codec "
+                                "configuration, e.g. another GradiVeQ basis)");
+      }
       std::vector<typename linear_mailbox<T>::incoming> ins;  // posted before the sends: the peer's bytes are never held back
       ins.reserve(std::size_t(m));
       for (int i = 0; i < m; ++i) {
-        if (exact_sizes && m > 1)
+        if (exact && m > 1)
           ins.push_back(mail.expect_exact(peer, tag, blk.packed_bytes(cut(klo, khi, i), cut(klo, khi, i + 1))));
         else
           ins.push_back(mail.expect(peer, tag));
@@ -435,7 +483,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       for (int i = 0; i < m; ++i) {
         const int a = cut(glo, ghi, i), z = cut(glo, ghi, i + 1);
         blk.encode(a, z);
-        blk.send(peer, tag, a, z, true, !(exact_sizes && m > 1));
+        blk.send(peer, tag, a, z, true, !(exact && m > 1));
       }
       if (m == 1) mail.arm(ins[0]);
       blk.encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
@@ -456,23 +504,12 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         else blk.decode_kept(j, peer);
       }
     };
-    // The last doubling step carries half of the blocks, and their decode
-    // could only follow the transfer. Where that half is large it goes as two
-    // messages, the second sent once the first has left: the first half's
-    // blocks are then decoded while the second travels, for one more latency
-    // (same conditions as the first step's pieces, and more than two chunks
-    // of floats).
-    auto split_last = [&](int blocks, int lo_, int hi_) {
-      if constexpr (linear_mailbox<T>::zero_copy && !seg::knows_body_size) return false;
-      return o.chunk_elements != 0 && blocks >= 2 && o.max_chunks != 1 &&
-             blk.elements(lo_, hi_) > 2 * o.chunk_elements;
-    };
     int last_peer = self;
     for (int d = 1; d < p; d *= 2) {
       const int width = hi - lo, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
-      if (2 * d >= p && split_last(width, lo, hi)) {
+      if (2 * d >= p && split_last) {
         const int pmid = plo + width / 2, mid = lo + width / 2;
         auto expect = [&](int a, int z) {
           if constexpr (exact_sizes) return mail.expect_exact(peer, tag2, blk.packed_bytes(a, z));
@@ -480,10 +517,10 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         };
         auto first = expect(plo, pmid);
         auto second = expect(pmid, phi);
-        blk.send(peer, tag2, lo, mid, false, !exact_sizes);
+        blk.send(peer, tag2, lo, mid, false, !exact);
         decode_held(last_peer);
         mail.wait_sends();  // the first message has left: the second has the link to itself
-        blk.send(peer, tag2, mid, hi, false, !exact_sizes);
+        blk.send(peer, tag2, mid, hi, false, !exact);
         blk.keep_bytes(mail.collect(first), peer, plo, pmid);
         dlo = plo;
         dhi = pmid;

@@ -166,12 +166,19 @@ inline qsgd_bucket_stats qsgd_bucket_scan(seq, std::span<const float> bucket) no
 ///  - otherwise: sqrt of the squares summed in index order in double (fused,
 ///    std::fma), which neither overflows nor underflows.
 /// Sets `overflow` when the norm exceeds FLT_MAX (|x| near FLT_MAX).
-/// With qsgd_norm::max the scale is max |x| itself (never overflows), with
-/// the same flush to 0 below 2^-100.
+/// With qsgd_norm::max the scale is max |x| itself, with the same flush to 0
+/// below 2^-100; a max |x| of 2^127 or more sets `overflow`: its top level,
+/// s * (max / s), can round past FLT_MAX when decoded.
 inline float qsgd_finish_norm(const qsgd_bucket_stats& st, std::span<const float> bucket, bool& overflow,
                               qsgd_norm kind = qsgd_norm::l2) noexcept {
   overflow = false;
-  if (kind == qsgd_norm::max) return st.max_abs < 0x1p-100f ? 0.0f : st.max_abs;
+  if (kind == qsgd_norm::max) {
+    if (st.max_abs >= 0x1p127f) {
+      overflow = true;
+      return 0.0f;
+    }
+    return st.max_abs < 0x1p-100f ? 0.0f : st.max_abs;
+  }
   double sum = 0.0;
   if (st.max_abs >= 0x1p-40f && st.max_abs <= 0x1p40f) {
     for (std::size_t j = 0; j < qsgd_lanes; ++j) sum += static_cast<double>(st.lanes[j]);

@@ -120,6 +120,7 @@ struct qsgd_norm_buckets {
     if (m >= 0x7F800000u) return qsgd_bucket_non_finite;
     const float max_abs = bits_float(m);
     if (kind == qsgd_norm::max) {  // qsgd_finish_norm's max rule
+      if (max_abs >= 0x1p127f) return qsgd_bucket_overflow;
       norms[b] = max_abs < 0x1p-100f ? 0.0f : max_abs;
       return 0;
     }
