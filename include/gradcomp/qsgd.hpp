@@ -225,16 +225,19 @@ class qsgd {
   /// Exact serialized bytes: 32 header + 8 + 4 per bucket + 4 per word.
   [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
 
-  /// Saves options and step counter.
+  /// Saves options and step counter: version 1 (the bytes of the versions
+  /// before the norm option, so they can read it) for the l2 norm, version 2
+  /// (a norm byte more) for the max norm.
   [[nodiscard]] std::vector<std::byte> save_state() const {
+    const bool l2 = options_.norm == execution::qsgd_norm::l2;
     return wire::serialize_state(wire::codec_id::qsgd, 0, [&](wire::writer& w) {
-      w.put<std::uint8_t>(state_version);
+      w.put<std::uint8_t>(l2 ? 1 : state_version);
       w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.bits));
       w.put<std::uint16_t>(static_cast<std::uint16_t>(options_.levels));
       w.put<std::uint32_t>(static_cast<std::uint32_t>(options_.bucket_size));
       w.put<std::uint64_t>(options_.seed);
       w.put<std::uint64_t>(step_);
-      w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.norm));
+      if (!l2) w.put<std::uint8_t>(static_cast<std::uint8_t>(options_.norm));
     });
   }
 
@@ -242,8 +245,8 @@ class qsgd {
   /// options; the codec then draws exactly what the saved one would have.
   /// Throws wire_error for bad bytes and option_mismatch_error naming the
   /// option ("bits", "levels", "bucket_size", "seed", "norm") saved with
-  /// another value; the codec is then unchanged. A version-1 state (before
-  /// the norm option) restores as the l2 norm.
+  /// another value; the codec is then unchanged. A version-1 state (l2, and
+  /// every state saved before the norm option) restores as the l2 norm.
   void restore_state(std::span<const std::byte> bytes) {
     wire::header h;
     wire::reader r = wire::parse_state(bytes, wire::codec_id::qsgd, &h);

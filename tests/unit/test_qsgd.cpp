@@ -523,10 +523,9 @@ TEST_CASE("restore_state rejects bad bytes and leaves the codec unchanged") {
   flipped[40] ^= std::byte{1};
   expect_rejected(flipped);
   expect_rejected(std::vector<std::byte>(good.begin(), good.end() - 2));
-  // body: 32 version, 33 bits, 34 levels, 36 bucket, 40 seed, 48 step, 56 norm
+  // body: 32 version, 33 bits, 34 levels, 36 bucket, 40 seed, 48 step (an l2 state: version 1)
   expect_rejected(edit(32, std::uint8_t{3}));
-  expect_rejected(edit(32, std::uint8_t{1}));  // version 1 has no norm byte: wrong length
-  expect_rejected(edit(56, std::uint8_t{2}));
+  expect_rejected(edit(32, std::uint8_t{2}));  // version 2 has a norm byte more: wrong length
   expect_rejected(edit(33, std::uint8_t{5}));
   expect_rejected(edit(34, std::uint16_t{8}));
   expect_rejected(edit(34, std::uint16_t{0}));
@@ -758,6 +757,31 @@ TEST_CASE_TEMPLATE("norm = max: each bucket's scale is max |x|, unbiased, never 
   mx.decode(pm, d1);
   other.decode(pm, d2);
   CHECK(bit_equal(d1, d2));
+}
+
+TEST_CASE("qsgd states: l2 saves version 1 (the old bytes), max version 2 with its norm byte") {
+  qsgd<> l2(opts(4, 5, 64, 9)), mx(opts(4, 5, 64, 9, max_norm));
+  const auto a = l2.save_state(), b = mx.save_state();
+  REQUIRE(a.size() == wire::header_size + 24);
+  REQUIRE(b.size() == wire::header_size + 25);
+  CHECK(a[wire::header_size] == std::byte{1});
+  CHECK(b[wire::header_size] == std::byte{2});
+  CHECK(b.back() == std::byte{1});
+  // A version-2 state with a norm byte of 2 is malformed; with 0 (l2) it is a valid l2 state.
+  auto edit_norm = [&](std::uint8_t v) {
+    auto bytes = b;
+    bytes.back() = std::byte{v};
+    auto span = std::span<const std::byte>(bytes);
+    const std::uint32_t crc = wire::crc32c(wire::crc32c(0, span.first(28)), span.subspan(wire::header_size));
+    std::memcpy(bytes.data() + 28, &crc, 4);
+    return bytes;
+  };
+  qsgd<> c(opts(4, 5, 64, 9, max_norm));
+  CHECK_THROWS_AS(c.restore_state(edit_norm(2)), wire::wire_error);
+  qsgd<> d(opts(4, 5, 64, 9));
+  CHECK_NOTHROW(d.restore_state(edit_norm(0)));
+  CHECK_THROWS_AS(c.restore_state(a), option_mismatch_error);
+  CHECK_NOTHROW(c.restore_state(b));
 }
 
 TEST_CASE("a version-1 state (before the norm option) restores as the l2 norm") {
