@@ -165,10 +165,6 @@ struct qsgd_options {
   execution::qsgd_norm norm = execution::qsgd_norm::l2;  ///< bucket scale: ||v||_2 (eq. 3.1) or max |v_i|
 };
 
-/// "l2" / "max" (the names the Python package and the command lines use).
-inline const char* qsgd_norm_name(execution::qsgd_norm n) noexcept {
-  return n == execution::qsgd_norm::max ? "max" : "l2";
-}
 
 /// QSGD (seed 002 ref. [24], eq. 3.1 and Lemma 3.1 of the QSGD paper): one
 /// instance per layer. Encode is stateless apart from its step counter, which

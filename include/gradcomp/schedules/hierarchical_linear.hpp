@@ -53,72 +53,64 @@ ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const
   auto& mail = blk.mail();
   const int tag = o.tag_base, tag2 = o.tag_base + 1;  // intra- and inter-group peers differ: they never mix
   const ring_schedule intra(local, g, 0), inter(group, groups, 0);
-  const int intra_next = group * g + intra.next(), intra_prev = group * g + intra.prev();
-  const int inter_next = inter.next() * g + local, inter_prev = inter.prev() * g + local;
-  auto first = [&](int super) { return super * groups; };  // first block of a super-block
-
-  // Level 1: reduce-scatter of the super-blocks inside the group. The
-  // super-block sent at step s + 1 is the one summed at step s; this rank's
-  // own part of a received super-block is encoded while it travels.
-  for (int s = 0; s < intra.steps(); ++s) {
-    const int out = intra.reduce_scatter_send(s), in_super = intra.reduce_scatter_recv(s);
-    auto in = mail.expect(intra_prev, tag);
-    blk.encode(first(out), first(out) + groups);  // step 0 only: later ones send a sum
-    blk.send(intra_next, tag, first(out), first(out) + groups, true);
-    mail.arm(in);
-    blk.encode(first(in_super), first(in_super) + groups);
-    blk.add_in(mail.collect(in), intra_prev, first(in_super), first(in_super) + groups);
-  }
-  const int owned = first(intra.owned_segment());
-
-  // Level 2: the owned super-block's blocks, ring-all-reduced across the groups.
-  for (int s = 0; s < inter.steps(); ++s) {
-    const int out = owned + inter.reduce_scatter_send(s), in_block = owned + inter.reduce_scatter_recv(s);
-    auto in = mail.expect(inter_prev, tag);
-    blk.send(inter_next, tag, out, out + 1, true);
-    mail.arm(in);
-    blk.add_in(mail.collect(in), inter_prev, in_block, in_block + 1);
-  }
-  const int complete = owned + inter.owned_segment();
-  blk.serialize(complete);  // from here on the blocks travel as bytes
-  // Each step's block is decoded during the next step's transfer.
-  int held = complete, held_from = rank;
+  // Both levels run the same two ring phases, over runs of `width` blocks
+  // starting at `base` (level 1: the g super-blocks of `groups` blocks;
+  // level 2: the G blocks of the owned super-block) with the level's peers.
+  struct level {
+    const ring_schedule& ring;
+    int next, prev, base, width;
+    int first(int segment) const { return base + segment * width; }
+  };
+  // A ring reduce-scatter in the compressed domain: the run sent at step
+  // s + 1 is the one summed at step s; this rank's own part of a received
+  // run is encoded while the partial sum travels (each block once: a second
+  // encode of a block is a no-op).
+  auto reduce_scatter = [&](const level& l) {
+    for (int s = 0; s < l.ring.steps(); ++s) {
+      const int out = l.first(l.ring.reduce_scatter_send(s)), in_run = l.first(l.ring.reduce_scatter_recv(s));
+      auto in = mail.expect(l.prev, tag);
+      blk.encode(out, out + l.width);
+      blk.send(l.next, tag, out, out + l.width, true);
+      mail.arm(in);
+      blk.encode(in_run, in_run + l.width);
+      blk.add_in(mail.collect(in), l.prev, in_run, in_run + l.width);
+    }
+  };
+  // The blocks held for decoding (eq. 5): received from `from`, or this
+  // rank's own payloads when `from` is its rank. Each run is decoded during
+  // the next step's transfer, across the levels too.
+  struct held_blocks {
+    int lo = 0, hi = 0, from = 0;
+  } held;
   auto decode_held = [&] {
-    if (held_from == rank) blk.decode(blk.own(held), held);
-    else blk.decode_kept(held, held_from);
+    for (int j = held.lo; j < held.hi; ++j) {
+      if (held.from == rank) blk.decode(blk.own(j), j);
+      else blk.decode_kept(j, held.from);
+    }
+    held = {};
   };
-  for (int s = 0; s < inter.steps(); ++s) {
-    const int out = owned + inter.all_gather_send(s), in_block = owned + inter.all_gather_recv(s);
-    auto in = mail.expect(inter_prev, tag2);
-    blk.send(inter_next, tag2, out, out + 1, false);
-    mail.arm(in);
-    decode_held();
-    blk.keep_bytes(mail.collect(in), inter_prev, in_block, in_block + 1);
-    held = in_block;
-    held_from = inter_prev;
-  }
+  // A ring all-gather of complete runs, byte for byte.
+  auto all_gather = [&](const level& l) {
+    for (int s = 0; s < l.ring.steps(); ++s) {
+      const int out = l.first(l.ring.all_gather_send(s)), in_run = l.first(l.ring.all_gather_recv(s));
+      auto in = mail.expect(l.prev, tag2);
+      blk.send(l.next, tag2, out, out + l.width, false);
+      mail.arm(in);
+      decode_held();
+      blk.keep_bytes(mail.collect(in), l.prev, in_run, in_run + l.width);
+      held = {in_run, in_run + l.width, l.prev};
+    }
+  };
+  const level groupwise{intra, group * g + intra.next(), group * g + intra.prev(), 0, groups};
+  reduce_scatter(groupwise);
+  const level across{inter, inter.next() * g + local, inter.prev() * g + local, groupwise.first(intra.owned_segment()), 1};
+  reduce_scatter(across);
+  const int complete = across.first(inter.owned_segment());
+  blk.serialize(complete);  // from here on the blocks travel as bytes
+  held = {complete, complete + 1, rank};
+  all_gather(across);
+  all_gather(groupwise);  // the owned super-block, complete now, goes first
   decode_held();
-
-  // Level 1 again: the complete super-blocks, all-gathered inside the group;
-  // each received super-block is decoded during the next transfer.
-  int held_super = -1, held_super_from = 0;
-  auto decode_super = [&] {
-    if (held_super < 0) return;
-    for (int j = first(held_super); j < first(held_super) + groups; ++j) blk.decode_kept(j, held_super_from);
-  };
-  for (int s = 0; s < intra.steps(); ++s) {
-    const int out = intra.all_gather_send(s), in_super = intra.all_gather_recv(s);
-    auto in = mail.expect(intra_prev, tag2);
-    blk.send(intra_next, tag2, first(out), first(out) + groups, false);
-    mail.arm(in);
-    decode_super();
-    blk.keep_bytes(mail.collect(in), intra_prev, first(in_super), first(in_super) + groups);
-    held_super = in_super;
-    held_super_from = intra_prev;
-  }
-  decode_super();
-  // The owned super-block's other blocks (complete at level 2, kept as bytes) were decoded
-  // as they arrived; every other super-block above.
   mail.finish();
   st.seconds = ring_seconds_since(started);
   return st;

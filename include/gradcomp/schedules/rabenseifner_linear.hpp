@@ -109,10 +109,7 @@ class linear_mailbox {
 
   /// Posts the receive of the next message from `peer` with `tag`.
   incoming expect(int peer, int tag) {
-    incoming in;
-    in.peer = peer;
-    in.tag = tag;
-    in.slot = slots_++;
+    incoming in = next_incoming(peer, tag);
     if constexpr (zero_copy)
       in.head.emplace(t_.irecv_into(peer, tag, std::as_writable_bytes(std::span<std::uint64_t>(in.length.get(), 1))));
     else
@@ -128,10 +125,7 @@ class linear_mailbox {
       (void)bytes;
       return expect(peer, tag);
     } else {
-      incoming in;
-      in.peer = peer;
-      in.tag = tag;
-      in.slot = slots_++;
+      incoming in = next_incoming(peer, tag);
       *in.length = bytes;
       in.armed = true;
       std::vector<std::byte>& inbox = inbox_of(in.slot);
@@ -206,11 +200,9 @@ class linear_mailbox {
       for (auto& h : sends_) h.wait();
     });
   }
-  /// Waits for every send.
+  /// Waits for every send and starts the next call afresh.
   void finish() {
-    ring_timed(st_.wait_seconds, [&] {
-      for (auto& h : sends_) h.wait();
-    });
+    wait_sends();
     sends_.clear();
     lengths_.clear();
     sent_ = 0;
@@ -225,6 +217,14 @@ class linear_mailbox {
   schedule_workspace own_;
   /// The workspace's buffer of the i-th message received in a call.
   std::vector<std::byte>& inbox_of(std::size_t slot) { return ws_.bytes(2 * slot); }
+  /// The next message of the call from `peer` with `tag`, with a buffer of its own.
+  incoming next_incoming(int peer, int tag) {
+    incoming in;
+    in.peer = peer;
+    in.tag = tag;
+    in.slot = slots_++;
+    return in;
+  }
 
   schedule_workspace& ws_;  ///< bytes(2 i): the i-th message received; bytes(2 i + 1): the i-th sent
   std::size_t sent_ = 0;
@@ -254,8 +254,6 @@ class linear_blocks {
 
   int blocks() const noexcept { return static_cast<int>(b_.size()) - 1; }
   std::span<float> block(int j) const { return data_.subspan(b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]); }
-  /// Floats of blocks [lo, hi).
-  std::size_t elements(int lo, int hi) const noexcept { return b_[std::size_t(hi)] - b_[std::size_t(lo)]; }
   linear_mailbox<T>& mail() noexcept { return mail_; }
   /// This rank's payload of block j (its encoding, then the sums added into it).
   payload& own(int j) { return enc_[std::size_t(j)]; }
@@ -317,6 +315,12 @@ class linear_blocks {
                   mail_.outgoing());
     mail_.send(peer, tag, with_length);
   }
+  /// Posts the receive of the next message of blocks [lo, hi) from `peer`:
+  /// exact (its size from packed_bytes, for a sender that sends it without
+  /// a length) or, without `exact`, of a length the message says.
+  typename linear_mailbox<T>::incoming expect(int peer, int tag, int lo, int hi, bool exact) {
+    return exact ? mail_.expect_exact(peer, tag, packed_bytes(lo, hi)) : mail_.expect(peer, tag);
+  }
   /// Eq. 4 on each block of [lo, hi): the message's payloads summed into this rank's.
   void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi) {
     const auto parts = parts_of(bytes, peer, lo, hi);
@@ -346,6 +350,22 @@ class linear_blocks {
                  seg::body_size(codec_, b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]);
     return bytes;
   }
+  /// FNV-1a over the block count, the vector's length and every block's
+  /// packed bytes (what exact receives are sized by): equal on two ranks
+  /// that size each other's messages alike.
+  std::uint64_t sizes_digest() const {
+    std::uint64_t h = 14695981039346656037ull;
+    auto mix = [&](std::uint64_t x) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= (x >> (8 * i)) & 0xFFu;
+        h *= 1099511628211ull;
+      }
+    };
+    mix(std::uint64_t(blocks()));
+    mix(std::uint64_t(data_.size()));
+    for (int j = 0; j < blocks(); ++j) mix(std::uint64_t(packed_bytes(j, j + 1)));
+    return h;
+  }
 
  private:
   std::vector<std::span<const std::byte>> parts_of(std::span<const std::byte> bytes, int peer, int lo, int hi) const {
@@ -366,24 +386,6 @@ class linear_blocks {
   std::vector<bool> encoded_;
   linear_mailbox<T> mail_;
 };
-
-/// FNV-1a over the block count, the length and every block's packed bytes
-/// (what exact receives are sized by): equal on two ranks that size each
-/// other's messages alike.
-template <class Blocks>
-std::uint64_t sizes_digest(const Blocks& blk, int blocks, std::size_t length) {
-  std::uint64_t h = 14695981039346656037ull;
-  auto mix = [&](std::uint64_t x) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (x >> (8 * i)) & 0xFFu;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(std::uint64_t(blocks));
-  mix(std::uint64_t(length));
-  for (int j = 0; j < blocks; ++j) mix(std::uint64_t(blk.packed_bytes(j, j + 1)));
-  return h;
-}
 
 /// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
 template <class T, class C>
@@ -458,7 +460,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         // a rank with another length or codec configuration (another
         // GradiVeQ basis) is an error on both sides before any data is sent.
         auto theirs = mail.expect_exact(peer, tag, sizeof(std::uint64_t));
-        const std::uint64_t mine = sizes_digest(blk, p, data.size());
+        const std::uint64_t mine = blk.sizes_digest();
         std::vector<std::byte>& out = mail.outgoing();
         out.resize(sizeof mine);
         std::memcpy(out.data(), &mine, sizeof mine);
@@ -474,16 +476,12 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       }
       std::vector<typename linear_mailbox<T>::incoming> ins;  // posted before the sends: the peer's bytes are never held back
       ins.reserve(std::size_t(m));
-      for (int i = 0; i < m; ++i) {
-        if (exact && m > 1)
-          ins.push_back(mail.expect_exact(peer, tag, blk.packed_bytes(cut(klo, khi, i), cut(klo, khi, i + 1))));
-        else
-          ins.push_back(mail.expect(peer, tag));
-      }
+      const bool exact_here = exact && k == 0;  // exact implies pieces (m0 > 1)
+      for (int i = 0; i < m; ++i) ins.push_back(blk.expect(peer, tag, cut(klo, khi, i), cut(klo, khi, i + 1), exact_here));
       for (int i = 0; i < m; ++i) {
         const int a = cut(glo, ghi, i), z = cut(glo, ghi, i + 1);
         blk.encode(a, z);
-        blk.send(peer, tag, a, z, true, !(exact && m > 1));
+        blk.send(peer, tag, a, z, true, !exact_here);
       }
       if (m == 1) mail.arm(ins[0]);
       blk.encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
@@ -510,13 +508,9 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
       if (2 * d >= p && split_last) {
-        const int pmid = plo + width / 2, mid = lo + width / 2;
-        auto expect = [&](int a, int z) {
-          if constexpr (exact_sizes) return mail.expect_exact(peer, tag2, blk.packed_bytes(a, z));
-          else return mail.expect(peer, tag2);
-        };
-        auto first = expect(plo, pmid);
-        auto second = expect(pmid, phi);
+        const int pmid = plo + width / 2, mid = lo + width / 2;  // split_last implies pieces: exact where sizes are known
+        auto first = blk.expect(peer, tag2, plo, pmid, exact);
+        auto second = blk.expect(peer, tag2, pmid, phi, exact);
         blk.send(peer, tag2, lo, mid, false, !exact);
         decode_held(last_peer);
         mail.wait_sends();  // the first message has left: the second has the link to itself
