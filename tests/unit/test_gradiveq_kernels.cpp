@@ -46,8 +46,8 @@ vec values(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
 
 TEST_CASE("seq GradiVeQ kernels: every path gives the reference order's bits (odd K, d, slice counts)") {
   for (std::size_t k : {1u, 7u, 8u, 16u, 33u, 64u, 256u, 264u})
-    for (std::size_t d : {0u, 1u, 3u, 4u, 5u, 8u, 32u})
-      for (std::size_t slices : {1u, 3u, 5u, 37u}) {
+    for (std::size_t d : {0u, 1u, 3u, 4u, 5u, 8u, 12u, 13u, 32u})
+      for (std::size_t slices : {1u, 3u, 5u, 37u, 67u}) {  // tiles and register blocks of slices, and their rests
         CAPTURE(k);
         CAPTURE(d);
         CAPTURE(slices);
@@ -72,19 +72,34 @@ TEST_CASE("seq GradiVeQ kernels: every path gives the reference order's bits (od
 }
 
 TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unaligned ones give the same bits") {
-  const std::size_t k = 256, d = 32, slices = 301;  // 77,056 outputs: past stream_min_elements
-  REQUIRE(slices * k >= kern::stream_min_elements);
-  const vec y = values(slices * d, 31), u = values(k * d, 32, 0.1f), mu = values(k, 33);
-  vec want(slices * k);
-  kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 2.0f, false, want.data());
-  for (std::size_t shift : {0u, 1u, 3u, 4u}) {  // 16-byte aligned or not
-    CAPTURE(shift);
-    vec buf(slices * k + 8, 7.0f);
-    const std::span<float> out(buf.data() + shift, slices * k);
-    ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 2.0f, false, out.data());
-    CHECK(bit_equal(out, want));
-    for (std::size_t i = 0; i < shift; ++i) CHECK(buf[i] == 7.0f);  // nothing written outside
-    for (std::size_t i = shift + slices * k; i < buf.size(); ++i) CHECK(buf[i] == 7.0f);
+  // Every float alignment of the output (the AVX-512 path assembles whole
+  // 64-byte lines across result vectors and rows), K with one vector per row
+  // and with 16-column blocks, slice counts leaving register-block rests,
+  // and runs that start mid-layer (a Thrust work item, a ring chunk).
+  for (std::size_t k : {16u, 48u, 256u, 264u}) {
+    const std::size_t d = 8, slices = kern::stream_min_elements / k + 3;
+    CAPTURE(k);
+    REQUIRE(slices * k >= kern::stream_min_elements);
+    const vec y = values(slices * d, 31), u = values(k * d, 32, 0.1f), mu = values(k, 33);
+    vec want(slices * k);
+    kern::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), 2.0f, false, want.data());
+    for (std::size_t shift = 0; shift < 17; ++shift) {
+      CAPTURE(shift);
+      vec buf(slices * k + 40, 7.0f);
+      const std::span<float> out(buf.data() + shift, slices * k);
+      ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 2.0f, false, out.data());
+      CHECK(bit_equal(out, want));
+      for (std::size_t i = 0; i < shift; ++i) CHECK(buf[i] == 7.0f);  // nothing written outside
+      for (std::size_t i = shift + slices * k; i < buf.size(); ++i) CHECK(buf[i] == 7.0f);
+      // Two runs of slices, the cut mid-layer: the same bits, each run writes only its own floats.
+      vec cut(buf.size(), 7.0f);
+      const std::size_t mid = slices / 2 + 1;
+      kern::expand_rows(y.data(), 0, mid, d, u.data(), k, mu.data(), 2.0f, false, cut.data() + shift);
+      for (std::size_t i = shift + mid * k; i < cut.size(); ++i) REQUIRE(cut[i] == 7.0f);
+      kern::expand_rows(y.data(), mid, slices, d, u.data(), k, mu.data(), 2.0f, false, cut.data() + shift);
+      CHECK(bit_equal(std::span<const float>(cut.data() + shift, slices * k), want));
+      for (std::size_t i = 0; i < shift; ++i) CHECK(cut[i] == 7.0f);
+    }
   }
 }
 
