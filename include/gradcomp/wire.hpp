@@ -27,6 +27,7 @@
 ///     void          write_body(wire::writer&) const;
 ///     static P      read_body(wire::reader&, const wire::header&);
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <concepts>
@@ -38,6 +39,7 @@
 #include <string>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/abi.hpp>
@@ -530,26 +532,35 @@ std::size_t serialized_size(const P& p) {
 }
 
 namespace detail {
+/// Writes one message (header, then the body write_body appends) at the end
+/// of `out`, from byte `start` on (`out` is cut to `start` first).
 template <class WriteBody>
-void serialize_message(std::vector<std::byte>& out, codec_id codec, std::uint8_t flags, std::uint64_t element_count,
-                       std::size_t body_size, WriteBody&& write_body) {
-  out.clear();
-  out.reserve(header_size + body_size);
-  out.resize(header_size);
+void serialize_message_at(std::vector<std::byte>& out, std::size_t start, codec_id codec, std::uint8_t flags,
+                          std::uint64_t element_count, std::size_t body_size, WriteBody&& write_body) {
+  out.resize(start);
+  if (out.capacity() < start + header_size + body_size)
+    out.reserve(std::max(start + header_size + body_size, 2 * out.capacity()));
+  out.resize(start + header_size);
   writer w(out);
   write_body(w);
-  if (out.size() != header_size + body_size)
+  if (out.size() != start + header_size + body_size)
     throw state_error("gradcomp wire: body_size() disagrees with write_body() (" + std::to_string(body_size) +
-                      " declared, " + std::to_string(out.size() - header_size) + " written)");
+                      " declared, " + std::to_string(out.size() - start - header_size) + " written)");
   header h;
   h.codec = codec;
   h.flags = flags;
   h.element_count = element_count;
   h.body_length = body_size;
-  write_header_prefix(out.data(), h);
-  auto span = std::span<const std::byte>(out);
+  write_header_prefix(out.data() + start, h);
+  auto span = std::span<const std::byte>(out).subspan(start);
   std::uint32_t crc = to_little(crc32c(crc32c(0, span.first(28)), span.subspan(header_size)));
-  std::memcpy(out.data() + 28, &crc, 4);
+  std::memcpy(out.data() + start + 28, &crc, 4);
+}
+
+template <class WriteBody>
+void serialize_message(std::vector<std::byte>& out, codec_id codec, std::uint8_t flags, std::uint64_t element_count,
+                       std::size_t body_size, WriteBody&& write_body) {
+  serialize_message_at(out, 0, codec, flags, element_count, body_size, std::forward<WriteBody>(write_body));
 }
 }  // namespace detail
 
@@ -558,6 +569,15 @@ template <WirePayload P>
 void serialize_into(const P& p, std::vector<std::byte>& out) {
   detail::serialize_message(out, P::wire_codec, flag_none, p.element_count(), p.body_size(),
                             [&](writer& w) { p.write_body(w); });
+}
+
+/// Appends a payload's message (exactly serialized_size(p) bytes) to `out`:
+/// several messages in one buffer without a copy of each (the compressed
+/// schedules pack a message of blocks this way).
+template <WirePayload P>
+void serialize_append(const P& p, std::vector<std::byte>& out) {
+  detail::serialize_message_at(out, out.size(), P::wire_codec, flag_none, p.element_count(), p.body_size(),
+                               [&](writer& w) { p.write_body(w); });
 }
 
 /// Serialises a payload into a new byte vector.

@@ -63,6 +63,27 @@ TEST_CASE("dense payload round-trips bit-exactly, for every length") {
   }
 }
 
+TEST_CASE("serialize_append writes each message as serialize does, after what the buffer holds") {
+  std::vector<std::byte> out = {std::byte{7}, std::byte{8}, std::byte{9}};
+  std::vector<std::vector<std::byte>> alone;
+  std::vector<std::size_t> starts;
+  for (std::size_t n : {0u, 1u, 17u, 5000u}) {
+    const dense_payload p{random_floats(n, unsigned(n) + 3)};
+    alone.push_back(wire::serialize(p));
+    starts.push_back(out.size());
+    wire::serialize_append(p, out);
+    CHECK(out.size() - starts.back() == wire::serialized_size(p));
+  }
+  CHECK(out[0] == std::byte{7});  // what was there stays
+  CHECK(out[2] == std::byte{9});
+  for (std::size_t i = 0; i < alone.size(); ++i) {
+    CAPTURE(i);
+    const auto view = std::span<const std::byte>(out).subspan(starts[i], alone[i].size());
+    CHECK(std::equal(view.begin(), view.end(), alone[i].begin(), alone[i].end()));  // header, body and CRC alike
+    CHECK(wire::parse<dense_payload>(view).values == wire::parse<dense_payload>(alone[i]).values);
+  }
+}
+
 TEST_CASE("header layout is the documented little-endian one") {
   dense_payload p{{1.0f, -2.0f, 3.5f}};
   auto bytes = wire::serialize(p);

@@ -39,7 +39,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// Concatenates serialized payloads, each preceded by its length (a native
 /// uint64), into `out` (resized; its capacity is reused).
-inline void schedule_pack(std::span<const std::vector<std::byte>> parts, std::vector<std::byte>& out) {
+inline void schedule_pack(std::span<const std::span<const std::byte>> parts, std::vector<std::byte>& out) {
   std::size_t total = 0;
   for (const auto& p : parts) total += sizeof(std::uint64_t) + p.size();
   out.resize(total);
@@ -99,7 +99,6 @@ class linear_mailbox {
     std::unique_ptr<std::uint64_t> length = std::make_unique<std::uint64_t>(0);  ///< where the length lands (stable)
     std::optional<recv_handle> head;  ///< zero-copy: the length; else the whole message
     std::optional<recv_handle> body;  ///< zero-copy: the bytes
-    message whole;                    ///< moving transports: the message
     bool armed = false;
   };
 
@@ -160,9 +159,10 @@ class linear_mailbox {
         got = in.body->wait();
         out = std::span<const std::byte>(inbox_of(in.slot).data(), got);
       } else {
-        in.whole = in.head->wait();
-        got = in.whole.bytes.size();
-        out = in.whole.bytes;
+        // kept until finish(), as the zero-copy buffers are (moved, not copied)
+        received_.push_back(in.head->wait().bytes);
+        got = received_.back().size();
+        out = received_.back();
       }
     });
     if constexpr (zero_copy)
@@ -205,6 +205,7 @@ class linear_mailbox {
     wait_sends();
     sends_.clear();
     lengths_.clear();
+    received_.clear();
     sent_ = 0;
     slots_ = 0;
   }
@@ -231,6 +232,7 @@ class linear_mailbox {
   std::size_t slots_ = 0;  ///< messages expected so far in the call
   std::vector<std::unique_ptr<std::uint64_t>> lengths_;
   std::vector<send_handle> sends_;
+  std::vector<std::vector<std::byte>> received_;  ///< moving transports: the call's messages, until finish()
 };
 
 /// The blocks of a compressed schedule's vector and what it does with
@@ -250,7 +252,7 @@ class linear_blocks {
                 ring_stats& st, const char* who)
       : codec_(codec), data_(data), b_(std::move(bounds)), o_(o), st_(st), who_(who),
         self_(static_cast<int>(t.rank())), n_(static_cast<int>(t.size())), enc_(b_.size() - 1),
-        body_(b_.size() - 1), ser_(b_.size() - 1), encoded_(b_.size() - 1, false), mail_(t, st, who, o.workspace) {}
+        body_(b_.size() - 1), held_(b_.size() - 1), own_bytes_(b_.size() - 1), encoded_(b_.size() - 1, false), mail_(t, st, who, o.workspace) {}
 
   int blocks() const noexcept { return static_cast<int>(b_.size()) - 1; }
   std::span<float> block(int j) const { return data_.subspan(b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]); }
@@ -279,7 +281,7 @@ class linear_blocks {
     ++st_.decodes;
   }
   /// Decodes block j from its kept bytes (received from `source`).
-  void decode_kept(int j, int source) { decode(parse(ser_[std::size_t(j)], j, source), j); }
+  void decode_kept(int j, int source) { decode(parse(held_[std::size_t(j)], j, source), j); }
   /// A received payload of block j, parsed with limits from this rank's own (a linear sum has the shape of one payload, eq. 4).
   payload parse(std::span<const std::byte> bytes, int j, int source) {
     const std::string where = std::string(who_) + ": rank " + std::to_string(self_) + ", block " + std::to_string(j) +
@@ -303,16 +305,33 @@ class linear_blocks {
   }
   /// Serializes this rank's payload of block j into its kept bytes.
   void serialize(int j) {
-    ring_timed(st_.combine_seconds, [&] { wire::serialize_into(enc_[std::size_t(j)], ser_[std::size_t(j)]); });
+    auto& bytes = own_bytes_[std::size_t(j)];
+    ring_timed(st_.combine_seconds, [&] { wire::serialize_into(enc_[std::size_t(j)], bytes); });
+    held_[std::size_t(j)] = bytes;
   }
-  /// Sends blocks [lo, hi) to `peer` as one message: this rank's payloads
-  /// (`serialize`) or the kept bytes; zero-copy: without a length message
-  /// when !with_length (the receiver posted expect_exact).
+  /// Sends blocks [lo, hi) to `peer` as one message (schedule_pack's
+  /// layout): this rank's payloads, serialized straight into the message
+  /// (`serialize_own`), or the kept bytes; zero-copy: without a length
+  /// message when !with_length (the receiver posted expect_exact).
   void send(int peer, int tag, int lo, int hi, bool serialize_own, bool with_length = true) {
-    if (serialize_own)
-      for (int j = lo; j < hi; ++j) serialize(j);
-    schedule_pack(std::span<const std::vector<std::byte>>(ser_).subspan(std::size_t(lo), std::size_t(hi - lo)),
-                  mail_.outgoing());
+    std::vector<std::byte>& out = mail_.outgoing();
+    if (serialize_own) {
+      ring_timed(st_.combine_seconds, [&] {
+        std::size_t total = 0;
+        for (int j = lo; j < hi; ++j) total += sizeof(std::uint64_t) + wire::serialized_size(enc_[std::size_t(j)]);
+        out.clear();
+        out.reserve(total);
+        for (int j = lo; j < hi; ++j) {
+          const std::uint64_t len = wire::serialized_size(enc_[std::size_t(j)]);
+          const std::size_t at = out.size();
+          out.resize(at + sizeof len);
+          std::memcpy(out.data() + at, &len, sizeof len);
+          wire::serialize_append(enc_[std::size_t(j)], out);
+        }
+      });
+    } else {
+      schedule_pack(std::span<const std::span<const std::byte>>(held_).subspan(std::size_t(lo), std::size_t(hi - lo)), out);
+    }
     mail_.send(peer, tag, with_length);
   }
   /// Posts the receive of the next message of blocks [lo, hi) from `peer`:
@@ -329,11 +348,11 @@ class linear_blocks {
       ring_timed(st_.combine_seconds, [&] { codec_.accumulate(enc_[std::size_t(j)], q); });
     }
   }
-  /// Complete blocks [lo, hi), kept as the bytes they arrived as.
+  /// Complete blocks [lo, hi), kept as the bytes they arrived in (views of
+  /// the message, which the mailbox keeps until finish(): no copy).
   void keep_bytes(std::span<const std::byte> bytes, int peer, int lo, int hi) {
     const auto parts = parts_of(bytes, peer, lo, hi);
-    for (int j = lo; j < hi; ++j)
-      ser_[std::size_t(j)].assign(parts[std::size_t(j - lo)].begin(), parts[std::size_t(j - lo)].end());
+    for (int j = lo; j < hi; ++j) held_[std::size_t(j)] = parts[std::size_t(j - lo)];
   }
   /// Eq. 5 on each block of [lo, hi) straight from a message of complete blocks.
   void decode_message(std::span<const std::byte> bytes, int peer, int lo, int hi) {
@@ -382,7 +401,8 @@ class linear_blocks {
   int self_, n_;
   std::vector<payload> enc_;
   std::vector<std::size_t> body_;
-  std::vector<std::vector<std::byte>> ser_;
+  std::vector<std::span<const std::byte>> held_;     ///< complete blocks' bytes: own_bytes_ or a received message's
+  std::vector<std::vector<std::byte>> own_bytes_;  ///< the blocks this rank completes, serialized
   std::vector<bool> encoded_;
   linear_mailbox<T> mail_;
 };
