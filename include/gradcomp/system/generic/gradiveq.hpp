@@ -18,7 +18,8 @@
 ///
 /// Order: every result element has one fixed summation order, independent of
 /// the thread count, the CPU's cache sizes and the instruction set (the
-/// AVX2/AVX-512 paths below compute exactly what the scalar path computes):
+/// AVX2/AVX-512 paths of gradiveq/avx2.hpp and gradiveq/avx512.hpp compute
+/// exactly what the portable path of gradiveq/portable.hpp computes):
 ///  - eq. 3, y[s][j] = <x_s, u_j> - offset[j]: 8 float lanes, lane l summing
 ///    x[i] u[i] over i = l mod 8 in index order with one rounding per step
 ///    (a fused multiply-add where the target has FMA), then the lanes
