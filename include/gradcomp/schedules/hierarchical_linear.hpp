@@ -83,10 +83,7 @@ ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const
     int lo = 0, hi = 0, from = 0;
   } held;
   auto decode_held = [&] {
-    for (int j = held.lo; j < held.hi; ++j) {
-      if (held.from == rank) blk.decode(blk.own(j), j);
-      else blk.decode_kept(j, held.from);
-    }
+    blk.decode_run(held.lo, held.hi, held.from);
     held = {};
   };
   // A ring all-gather of complete runs, byte for byte.

@@ -37,19 +37,24 @@ namespace gradcomp {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
+/// Appends the length prefix of one part of schedule_pack's layout (a
+/// native uint64: the part's bytes follow it).
+inline void schedule_pack_length(std::vector<std::byte>& out, std::uint64_t len) {
+  const std::size_t at = out.size();
+  out.resize(at + sizeof len);
+  std::memcpy(out.data() + at, &len, sizeof len);
+}
+
 /// Concatenates serialized payloads, each preceded by its length (a native
-/// uint64), into `out` (resized; its capacity is reused).
+/// uint64), into `out` (replaced; its capacity is reused).
 inline void schedule_pack(std::span<const std::span<const std::byte>> parts, std::vector<std::byte>& out) {
   std::size_t total = 0;
   for (const auto& p : parts) total += sizeof(std::uint64_t) + p.size();
-  out.resize(total);
-  std::size_t at = 0;
+  out.clear();
+  out.reserve(total);
   for (const auto& p : parts) {
-    const std::uint64_t len = p.size();
-    std::memcpy(out.data() + at, &len, sizeof len);
-    at += sizeof len;
-    if (!p.empty()) std::memcpy(out.data() + at, p.data(), p.size());
-    at += p.size();
+    schedule_pack_length(out, p.size());
+    out.insert(out.end(), p.begin(), p.end());
   }
 }
 
@@ -282,6 +287,14 @@ class linear_blocks {
   }
   /// Decodes block j from its kept bytes (received from `source`).
   void decode_kept(int j, int source) { decode(parse(held_[std::size_t(j)], j, source), j); }
+  /// Eq. 5 on blocks [lo, hi): from this rank's own payloads when `from` is
+  /// its rank, else from the bytes kept from rank `from`.
+  void decode_run(int lo, int hi, int from) {
+    for (int j = lo; j < hi; ++j) {
+      if (from == self_) decode(own(j), j);
+      else decode_kept(j, from);
+    }
+  }
   /// A received payload of block j, parsed with limits from this rank's own (a linear sum has the shape of one payload, eq. 4).
   payload parse(std::span<const std::byte> bytes, int j, int source) {
     const std::string where = std::string(who_) + ": rank " + std::to_string(self_) + ", block " + std::to_string(j) +
@@ -322,10 +335,7 @@ class linear_blocks {
         out.clear();
         out.reserve(total);
         for (int j = lo; j < hi; ++j) {
-          const std::uint64_t len = wire::serialized_size(enc_[std::size_t(j)]);
-          const std::size_t at = out.size();
-          out.resize(at + sizeof len);
-          std::memcpy(out.data() + at, &len, sizeof len);
+          schedule_pack_length(out, wire::serialized_size(enc_[std::size_t(j)]));
           wire::serialize_append(enc_[std::size_t(j)], out);
         }
       });
@@ -514,15 +524,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     // Recursive doubling of the complete compressed blocks. Each step's
     // blocks are decoded (eq. 5) during the next step's transfer: only the
     // last step's blocks are decoded after the wire is done.
-    int dlo = v, dhi = v + 1;  // blocks to decode (block v first, from its payload)
-    bool own = true;
-    auto decode_held = [&](int peer) {
-      for (int j = dlo; j < dhi; ++j) {
-        if (own) blk.decode(blk.own(j), j);
-        else blk.decode_kept(j, peer);
-      }
-    };
-    int last_peer = self;
+    int dlo = v, dhi = v + 1, from = self;  // blocks to decode, from whom (block v first, from its payload)
     for (int d = 1; d < p; d *= 2) {
       const int width = hi - lo, peer = rs.real_rank(v ^ d);
       const bool lower = (v & d) == 0;
@@ -532,14 +534,11 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         auto first = blk.expect(peer, tag2, plo, pmid, exact);
         auto second = blk.expect(peer, tag2, pmid, phi, exact);
         blk.send(peer, tag2, lo, mid, false, !exact);
-        decode_held(last_peer);
+        blk.decode_run(dlo, dhi, from);
         mail.wait_sends();  // the first message has left: the second has the link to itself
         blk.send(peer, tag2, mid, hi, false, !exact);
         blk.keep_bytes(mail.collect(first), peer, plo, pmid);
-        dlo = plo;
-        dhi = pmid;
-        own = false;
-        decode_held(peer);  // while the second message travels
+        blk.decode_run(plo, pmid, peer);  // while the second message travels
         blk.keep_bytes(mail.collect(second), peer, pmid, phi);
         dlo = pmid;
         dhi = phi;
@@ -547,17 +546,16 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
         auto in = mail.expect(peer, tag2);
         blk.send(peer, tag2, lo, hi, false);
         mail.arm(in);
-        decode_held(last_peer);
+        blk.decode_run(dlo, dhi, from);
         blk.keep_bytes(mail.collect(in), peer, plo, phi);
         dlo = plo;
         dhi = phi;
       }
-      own = false;
-      last_peer = peer;
+      from = peer;
       lo = lower ? lo : plo;
       hi = lower ? phi : hi;
     }
-    decode_held(last_peer);
+    blk.decode_run(dlo, dhi, from);
   }
   // Unfold: the odd rank of a pair sends the complete compressed blocks.
   if (rs.folds_in()) {

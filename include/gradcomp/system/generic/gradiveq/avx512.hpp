@@ -196,45 +196,44 @@ inline void expand_block16(const float* y, std::size_t s, std::size_t d, const f
 struct expand_store {
   float* out;
   std::size_t k;
-  void begin_group(std::size_t, int) noexcept {}
+  void begin_group(int) noexcept {}
   void operator()(std::size_t s, int, std::size_t col, __m512 v) const noexcept { _mm512_storeu_ps(out + s * k + col, v); }
 };
 
-/// Non-temporal stores of eq. 5's vectors into a region of whole rows of k
-/// floats (k a multiple of 16) at any float alignment: each aligned 64-byte
-/// line is assembled from the two result vectors it straddles (one
-/// permute) and streamed whole; only the region's first and last partial
-/// lines get ordinary (masked) stores. A partial-line non-temporal store is
+/// Non-temporal stores of eq. 5's vectors into whole rows of k floats (k a
+/// multiple of 16, so every row has the alignment of row 0, whatever it is):
+/// each aligned 64-byte line is assembled from the two result vectors it
+/// straddles (one permute) and streamed whole; only the first and last
+/// partial lines of the region (the rows one call writes) get ordinary
+/// (masked) stores. A partial-line non-temporal store is
 /// a read-modify-write in memory (measured: 46 MB decoded 16 bytes off a
 /// line, 22-24 ms against 14 ms aligned). Rows are contiguous, so the line
 /// across two rows joins the last vector of one and the first of the next,
 /// whichever of them the column blocks produce second.
 struct expand_line_stream {
   static constexpr int max_rows = expand_block_rows_512;
-  float* region;      // row s0 of the output
-  std::size_t s0, k, rows_done = 0;
+  float* out;         // row 0 of the output
+  std::size_t k;
   unsigned h;         // columns before the first 64-byte boundary of a row
   __m512i join_index; // h, h + 1, ..., h + 15
   __m512 prev[max_rows], first[max_rows], last[max_rows], carry;
   bool has_first[max_rows] = {}, has_last[max_rows] = {}, has_carry = false;
   int group_rows = 0;
 
-  expand_line_stream(float* region_, std::size_t s0_, std::size_t k_) noexcept
-      : region(region_), s0(s0_), k(k_),
-        h(static_cast<unsigned>((16 - (reinterpret_cast<std::uintptr_t>(region_) % 64) / 4) % 16)),
+  expand_line_stream(float* out_, std::size_t k_) noexcept
+      : out(out_), k(k_), h(static_cast<unsigned>((16 - (reinterpret_cast<std::uintptr_t>(out_) % 64) / 4) % 16)),
         join_index(_mm512_add_epi32(_mm512_set1_epi32(int(h)),
                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))) {}
 
   /// Address of the line that ends h columns into column `col` of row s
   /// (computed as an integer: for the region's first line it precedes it).
   float* line(std::size_t s, std::size_t col) const noexcept {
-    return reinterpret_cast<float*>(reinterpret_cast<std::uintptr_t>(region) +
-                                    4 * ((s - s0) * k + col + h) - 64);
+    return reinterpret_cast<float*>(reinterpret_cast<std::uintptr_t>(out) + 4 * (s * k + col + h) - 64);
   }
   /// a[h..16) then b[0..h): the 16 floats of the line between them.
   __m512 join(__m512 a, __m512 b) const noexcept { return _mm512_permutex2var_ps(a, join_index, b); }
 
-  void begin_group(std::size_t, int rows) noexcept {
+  void begin_group(int rows) noexcept {
     group_rows = rows;
     for (int r = 0; r < max_rows; ++r) has_first[r] = has_last[r] = false;
   }
@@ -278,7 +277,7 @@ struct expand_line_stream {
 template <int R, class Sink>
 inline void expand_group512(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k,
                             const float* mu, float scale, bool add, const float* out, Sink& sink) noexcept {
-  sink.begin_group(s, R);
+  sink.begin_group(R);
   const std::size_t k64 = k - k % 64, k16 = k - k % 16;
   std::size_t c = 0;
   for (; c < k64; c += 64) expand_block16<R, 4>(y, s, d, u, k, c, mu, scale, add, out, sink);
@@ -308,7 +307,7 @@ inline void expand_rows_avx512(const float* y, std::size_t s0, std::size_t s1, s
                                std::size_t k, const float* mu, float scale, bool add, float* out) noexcept {
   const bool stream = !add && k % 16 == 0 && (s1 - s0) * k >= stream_min_elements;
   if (stream) {
-    expand_line_stream sink(out + s0 * k, s0, k);
+    expand_line_stream sink(out, k);
     expand_rows512(y, s0, s1, d, u, k, mu, scale, add, out, sink);
     sink.finish(s1);
     return;
