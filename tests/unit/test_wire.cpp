@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <gradcomp/dense.hpp>
+#include <gradcomp/gradiveq/payload.hpp>
 #include <gradcomp/wire.hpp>
 
 #include <support/random_vectors.hpp>
@@ -300,4 +301,64 @@ TEST_CASE("serialize_into reuses the buffer and replaces its content") {
   CHECK(buf.size() == wire::header_size + 40);
   CHECK(buf.capacity() == cap);
   CHECK(wire::parse<dense_payload>(buf).values.size() == 10);
+}
+
+TEST_CASE("all_finite finds NaN and Inf anywhere and nothing else") {
+  std::vector<float> x = random_floats(1000, 9);
+  x[3] = std::numeric_limits<float>::max();
+  x[4] = -std::numeric_limits<float>::denorm_min();
+  x[5] = -0.0f;
+  CHECK(wire::all_finite(x));
+  CHECK(wire::all_finite(std::span<const float>()));
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()})
+    for (const std::size_t at : {std::size_t(0), std::size_t(17), std::size_t(999)}) {
+      auto y = x;
+      y[at] = bad;
+      CHECK_FALSE(wire::all_finite(y));
+    }
+}
+
+TEST_CASE("parse_into gives parse's payload and keeps the buffers of one that has read_body_into") {
+  gradiveq_payload p;
+  p.fingerprint = 0xC0FFEEu;
+  p.count = 2;
+  p.slice_size = 4;
+  p.offset = 8;
+  p.length = 10;  // two slices and a tail of 2
+  p.coefficients = {1.5f, -2.0f, 0.25f};
+  p.tail = {3.0f, -4.0f};
+  const auto bytes = wire::serialize(p);
+  gradiveq_payload q;
+  wire::parse_into(bytes, q);
+  CHECK(q.coefficients == p.coefficients);
+  CHECK(q.tail == p.tail);
+  CHECK(q.fingerprint == p.fingerprint);
+  CHECK(q.count == 2);
+  CHECK(q.offset == 8);
+  CHECK(q.length == 10);
+  const float* kept = q.coefficients.data();
+  p.coefficients = {7.0f, 8.0f, 9.0f};
+  wire::parse_into(wire::serialize(p), q);
+  CHECK(q.coefficients.data() == kept);  // same size: the same buffer, no allocation
+  CHECK(q.coefficients == p.coefficients);
+  // The parse checks hold as in parse(): a non-finite value, a truncated body.
+  p.coefficients[1] = std::numeric_limits<float>::infinity();
+  const auto bad = wire::serialize(p);
+  auto into_error = [&](std::span<const std::byte> b) {
+    try {
+      wire::parse_into(b, q);
+    } catch (const wire::wire_error& e) {
+      return e.code();
+    }
+    FAIL("parse_into accepted bytes it should reject");
+    return wire::wire_errc::truncated;
+  };
+  CHECK(into_error(bad) == wire::wire_errc::malformed_body);
+  CHECK(test_support::parse_error_of<gradiveq_payload>(bad) == wire::wire_errc::malformed_body);
+  CHECK(into_error(std::span<const std::byte>(bytes).first(bytes.size() - 1)) == wire::wire_errc::truncated);
+  // A payload without read_body_into is assigned parse's result.
+  dense_payload d{{1.0f, 2.0f}};
+  wire::parse_into(wire::serialize(dense_payload{random_floats(5, 3)}), d);
+  CHECK(d.values == random_floats(5, 3));
 }

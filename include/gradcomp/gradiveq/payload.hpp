@@ -83,8 +83,14 @@ struct gradiveq_payload {
   /// included: wire_errc::malformed_body); the codec checks the rest (fingerprint, d per slice, position in its layer) on use.
   template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
   static gradiveq_payload read_body(wire::reader& r, const wire::header& h) {
-    using wire::reader;
     gradiveq_payload p;
+    read_body_into(r, h, p);
+    return p;
+  }
+  /// read_body into `p`, keeping its buffers (wire::parse_into).
+  template <class AbiMarker = execution::abi_marker>
+  static void read_body_into(wire::reader& r, const wire::header& h, gradiveq_payload& p) {
+    using wire::reader;
     p.length = h.element_count;
     p.fingerprint = r.get<std::uint32_t>();
     p.count = r.get<std::uint32_t>();
@@ -107,15 +113,16 @@ struct gradiveq_payload {
         reader::fail(wire::wire_errc::truncated, "gradiveq payload: body shorter than its counts");
       reader::fail(wire::wire_errc::malformed_body, "gradiveq payload: body longer than its counts");
     }
-    p.coefficients = r.get_vector<float>(ncoef);
-    p.tail = r.get_vector<float>(tail);
+    // Sizes checked against the bytes above: resizing cannot over-allocate.
+    p.coefficients.resize(static_cast<std::size_t>(ncoef));
+    p.tail.resize(static_cast<std::size_t>(tail));
+    r.get_array<float>(std::span<float>(p.coefficients));
+    r.get_array<float>(std::span<float>(p.tail));
     // One validation policy for every payload: non-finite values (a buggy or
     // hostile sender with a valid checksum) are rejected at parse.
-    for (float v : p.coefficients)
-      if (!std::isfinite(v)) reader::fail(wire::wire_errc::malformed_body, "gradiveq payload: non-finite coefficient");
-    for (float v : p.tail)
-      if (!std::isfinite(v)) reader::fail(wire::wire_errc::malformed_body, "gradiveq payload: non-finite tail value");
-    return p;
+    if (!wire::all_finite(p.coefficients))
+      reader::fail(wire::wire_errc::malformed_body, "gradiveq payload: non-finite coefficient");
+    if (!wire::all_finite(p.tail)) reader::fail(wire::wire_errc::malformed_body, "gradiveq payload: non-finite tail value");
   }
 };
 

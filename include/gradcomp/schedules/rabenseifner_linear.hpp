@@ -110,6 +110,8 @@ class linear_mailbox {
   /// `workspace`: where the message buffers live (schedule_options::workspace; nullptr: the call's own).
   linear_mailbox(T& t, ring_stats& st, const char* who, schedule_workspace* workspace)
       : t_(t), st_(st), who_(who), ws_(workspace != nullptr ? *workspace : own_) {}
+  /// The workspace the buffers live in (the caller's, or this mailbox's own).
+  schedule_workspace& workspace() noexcept { return ws_; }
 
   /// Posts the receive of the next message from `peer` with `tag`.
   incoming expect(int peer, int tag) {
@@ -256,8 +258,9 @@ class linear_blocks {
   linear_blocks(T& t, C& codec, std::span<float> data, std::vector<std::size_t> bounds, const schedule_options& o,
                 ring_stats& st, const char* who)
       : codec_(codec), data_(data), b_(std::move(bounds)), o_(o), st_(st), who_(who),
-        self_(static_cast<int>(t.rank())), n_(static_cast<int>(t.size())), enc_(b_.size() - 1),
-        body_(b_.size() - 1), held_(b_.size() - 1), own_bytes_(b_.size() - 1), encoded_(b_.size() - 1, false), mail_(t, st, who, o.workspace) {}
+        self_(static_cast<int>(t.rank())), n_(static_cast<int>(t.size())), mail_(t, st, who, o.workspace),
+        enc_(mail_.workspace().template payloads<payload>(b_.size())), body_(b_.size() - 1), held_(b_.size() - 1),
+        own_bytes_(b_.size() - 1), encoded_(b_.size() - 1, false) {}
 
   int blocks() const noexcept { return static_cast<int>(b_.size()) - 1; }
   std::span<float> block(int j) const { return data_.subspan(b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]); }
@@ -295,17 +298,19 @@ class linear_blocks {
       else decode_kept(j, from);
     }
   }
-  /// A received payload of block j, parsed with limits from this rank's own (a linear sum has the shape of one payload, eq. 4).
-  payload parse(std::span<const std::byte> bytes, int j, int source) {
+  /// A received payload of block j, parsed with limits from this rank's own
+  /// (a linear sum has the shape of one payload, eq. 4), into the one kept
+  /// payload after the blocks' (valid until the next parse).
+  const payload& parse(std::span<const std::byte> bytes, int j, int source) {
     const std::string where = std::string(who_) + ": rank " + std::to_string(self_) + ", block " + std::to_string(j) +
                               " from rank " + std::to_string(source);
     wire::parse_limits limits;
     limits.max_element_count = b_[std::size_t(j) + 1] - b_[std::size_t(j)];
     limits.max_body_length = body_[std::size_t(j)];
-    payload q;
+    payload& q = enc_[std::size_t(blocks())];
     ring_timed(st_.combine_seconds, [&] {
       try {
-        q = wire::parse<payload>(bytes, limits);
+        wire::parse_into(bytes, q, limits);
       } catch (const wire::wire_error& e) {
         throw wire::wire_error(e.code(), where + ": " + e.what());
       }
@@ -354,7 +359,7 @@ class linear_blocks {
   void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi) {
     const auto parts = parts_of(bytes, peer, lo, hi);
     for (int j = lo; j < hi; ++j) {
-      payload q = parse(parts[std::size_t(j - lo)], j, peer);
+      const payload& q = parse(parts[std::size_t(j - lo)], j, peer);
       ring_timed(st_.combine_seconds, [&] { codec_.accumulate(enc_[std::size_t(j)], q); });
     }
   }
@@ -409,12 +414,12 @@ class linear_blocks {
   ring_stats& st_;
   const char* who_;
   int self_, n_;
-  std::vector<payload> enc_;
+  linear_mailbox<T> mail_;
+  std::vector<payload>& enc_;  ///< the workspace's: block j's at j, the parsed one at blocks()
   std::vector<std::size_t> body_;
   std::vector<std::span<const std::byte>> held_;     ///< complete blocks' bytes: own_bytes_ or a received message's
   std::vector<std::vector<std::byte>> own_bytes_;  ///< the blocks this rank completes, serialized
   std::vector<bool> encoded_;
-  linear_mailbox<T> mail_;
 };
 
 /// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
