@@ -29,7 +29,7 @@
 #include <gradcomp/ring/stats.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>
 #include <gradcomp/schedules/options.hpp>
-#include <gradcomp/schedules/rabenseifner_linear.hpp>
+#include <gradcomp/schedules/linear_blocks.hpp>
 
 namespace gradcomp {
 

@@ -100,6 +100,9 @@ class schedule_workspace {
     if (i >= bytes_.size()) bytes_.resize(i + 1);
     return bytes_[i];
   }
+  /// The compressed Rabenseifner's complete blocks, in one buffer
+  /// (linear_blocks::assemble), kept with its capacity across calls.
+  std::vector<std::byte>& assembly() { return assembly_; }
   /// At least n payloads of type P (the compressed schedules' encoded
   /// blocks and the one they parse received blocks into), kept with their
   /// buffers across calls: a codec's encode overwrites its out-payload, and
@@ -119,6 +122,7 @@ class schedule_workspace {
   std::size_t capacity_ = 0;
   std::vector<std::vector<std::byte>> bytes_;
   std::any payloads_;  ///< a std::vector<P> of payloads()
+  std::vector<std::byte> assembly_;
 };
 
 /// Options of the all-reduce schedules.
