@@ -179,29 +179,59 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner: bit-identical, equals GradiVeQ o
     }
 }
 
-TEST_CASE("schedules: GradiVeQ on Rabenseifner with a workspace kept across calls: the same bits, N = 2, 3, 5") {
-  for (int n : {2, 3, 5}) {
-    CAPTURE(n);
-    const low_rank_layer layer(16, 3, 16 * std::size_t(3 * n + 1) + 5, 60 + std::uint64_t(n));
-    const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
-    const std::vector<vec> x = rank_samples(layer, n, 5000);
-    std::vector<vec> fresh = x;
-    run_workers(n, [&](inproc_endpoint& ep) {
-      auto mine = codec;
-      gradcomp::allreduce_linear(ep, mine, fresh[std::size_t(ep.rank())], {.kind = schedule_kind::rabenseifner});
-    });
-    std::vector<gradcomp::schedule_workspace> ws(static_cast<std::size_t>(n));
-    for (int call = 0; call < 3; ++call) {
-      std::vector<vec> kept = x;
-      run_workers(n, [&](inproc_endpoint& ep) {
-        auto mine = codec;
-        schedule_options o{.kind = schedule_kind::rabenseifner};
-        o.workspace = &ws[std::size_t(ep.rank())];
-        gradcomp::allreduce_linear(ep, mine, kept[std::size_t(ep.rank())], o);
-      });
-      for (int r = 0; r < n; ++r) CHECK(bit_equal(kept[std::size_t(r)], fresh[std::size_t(r)]));
+TEST_CASE("schedules: GradiVeQ on Rabenseifner with a workspace kept across calls: the same bits, both faces, N = 2-8") {
+  // The workspace keeps the message buffers, the encoded payloads (reused:
+  // each encode overwrites its payload) and, over the zero-copy face with
+  // pieces, the one buffer of all complete blocks the doubling sends from and
+  // receives into: none is reallocated after the first call.
+  using payload = gradcomp::linear_compressor<>::payload_type;
+  for (int n : {2, 3, 4, 5, 8})
+    for (bool zero_copy : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(zero_copy);
+      const low_rank_layer layer(16, 3, 16 * std::size_t(3 * n + 1) + 5, 60 + std::uint64_t(n));
+      const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+      const std::vector<vec> x = rank_samples(layer, n, 5000);
+      const schedule_options base{.kind = schedule_kind::rabenseifner, .chunk_elements = 16};
+      auto call = [&](std::vector<vec>& v, std::vector<gradcomp::schedule_workspace>* ws) {
+        run_workers(n, [&](inproc_endpoint& ep) {
+          auto mine = codec;
+          schedule_options o = base;
+          if (ws) o.workspace = &(*ws)[std::size_t(ep.rank())];
+          if (zero_copy) {
+            auto z = ep.zero_copy();
+            gradcomp::allreduce_linear(z, mine, v[std::size_t(ep.rank())], o);
+          } else {
+            gradcomp::allreduce_linear(ep, mine, v[std::size_t(ep.rank())], o);
+          }
+        }, {.recv_timeout = 60s});
+      };
+      std::vector<vec> fresh = x;
+      call(fresh, nullptr);
+      std::vector<gradcomp::schedule_workspace> ws(static_cast<std::size_t>(n));
+      std::vector<const std::byte*> assembly(static_cast<std::size_t>(n));
+      std::vector<const payload*> payloads(static_cast<std::size_t>(n));
+      for (int round = 0; round < 3; ++round) {
+        std::vector<vec> kept = x;
+        call(kept, &ws);
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(kept[std::size_t(r)], fresh[std::size_t(r)]));
+        for (std::size_t r = 0; r < ws.size(); ++r) {
+          const auto* a = ws[r].assembly().data();
+          const auto* q = ws[r].payloads<payload>(0).data();
+          if (round > 0) {
+            CHECK(a == assembly[r]);
+            CHECK(q == payloads[r]);
+          }
+          assembly[r] = a;
+          payloads[r] = q;
+          // Pieces over the zero-copy face (p >= 4: two blocks or more per half) assemble the
+          // blocks, on the ranks of the power-of-two core (a folded-out rank only sends and receives once).
+          const bool pieces = zero_copy && gradcomp::rabenseifner_schedule(0, n).blocks() >= 4;
+          const bool core = gradcomp::rabenseifner_schedule(int(r), n).virtual_rank() >= 0;
+          CHECK(!ws[r].assembly().empty() == (pieces && core));
+        }
+      }
     }
-  }
 }
 
 TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner; mean") {
