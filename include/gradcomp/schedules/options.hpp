@@ -107,8 +107,8 @@ class schedule_workspace {
   /// blocks and the one they parse received blocks into), kept with their
   /// buffers across calls: a codec's encode overwrites its out-payload, and
   /// a buffer that keeps its size is neither zeroed nor faulted in again
-  /// (fresh payloads cost about 1 ms per 46 MB GradiVeQ all-reduce under
-  /// SMPI). Payloads of another type replace them.
+  /// (fresh ones were among the memset and page-fault time perf showed in a
+  /// 46 MB GradiVeQ all-reduce under SMPI). Payloads of another type replace them.
   template <class P>
   std::vector<P>& payloads(std::size_t n) {
     auto* kept = std::any_cast<std::vector<P>>(&payloads_);
