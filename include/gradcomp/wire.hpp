@@ -329,19 +329,6 @@ concept WirePayload = requires(const P& p, writer& w, reader& r, const header& h
 // The functions below have a copy per instruction-set configuration (abi.hpp).
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
-/// True when no value is NaN or Inf: the payloads' parse check, one
-/// branch-free pass the compiler vectorises (an early exit per value would
-/// keep it scalar: about 1 ms per 46 MB GradiVeQ all-reduce).
-inline bool all_finite(std::span<const float> x) noexcept {
-  std::uint32_t bad = 0;
-  for (const float v : x) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    bad |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);  // exponent all ones
-  }
-  return bad == 0;
-}
-
 namespace detail {
 inline void write_header_prefix(std::byte* out, const header& h) noexcept {
   // Everything but the checksum, little-endian.

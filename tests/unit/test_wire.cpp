@@ -303,20 +303,27 @@ TEST_CASE("serialize_into reuses the buffer and replaces its content") {
   CHECK(wire::parse<dense_payload>(buf).values.size() == 10);
 }
 
-TEST_CASE("all_finite finds NaN and Inf anywhere and nothing else") {
-  std::vector<float> x = random_floats(1000, 9);
-  x[3] = std::numeric_limits<float>::max();
-  x[4] = -std::numeric_limits<float>::denorm_min();
-  x[5] = -0.0f;
-  CHECK(wire::all_finite(x));
-  CHECK(wire::all_finite(std::span<const float>()));
+TEST_CASE("a GradiVeQ payload with NaN or Inf anywhere is rejected at parse, extreme finite values are not") {
+  gradiveq_payload p;
+  p.fingerprint = 7;
+  p.count = 1;
+  p.slice_size = 4;
+  p.length = 4 * 300 + 3;
+  p.coefficients = random_floats(1000, 9);
+  p.tail = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::denorm_min(), -0.0f};
+  p.coefficients[3] = -std::numeric_limits<float>::max();
+  CHECK(wire::parse<gradiveq_payload>(wire::serialize(p)).coefficients == p.coefficients);
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity()})
+                          -std::numeric_limits<float>::infinity()}) {
     for (const std::size_t at : {std::size_t(0), std::size_t(17), std::size_t(999)}) {
-      auto y = x;
-      y[at] = bad;
-      CHECK_FALSE(wire::all_finite(y));
+      auto q = p;
+      q.coefficients[at] = bad;
+      CHECK(test_support::parse_error_of<gradiveq_payload>(wire::serialize(q)) == wire::wire_errc::malformed_body);
     }
+    auto q = p;
+    q.tail[2] = bad;
+    CHECK(test_support::parse_error_of<gradiveq_payload>(wire::serialize(q)) == wire::wire_errc::malformed_body);
+  }
 }
 
 TEST_CASE("parse_into gives parse's payload and keeps the buffers of one that has read_body_into") {
