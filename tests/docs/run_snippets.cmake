@@ -7,11 +7,13 @@ cmake_minimum_required(VERSION 3.20)
 string(REPLACE "|" ";" OPTIONS "${OPTIONS}")
 file(MAKE_DIRECTORY ${WORK_DIR})
 include(${CMAKE_CURRENT_LIST_DIR}/../build_subproject.cmake)
-# The blocks are checked for compiling and running, not timed: an unoptimized
-# build takes 25-40% less compile time (CI time: two compilers build them all).
+# The blocks are checked for compiling and running, not timed or debugged: an
+# unoptimized build without debug information (asserts stay on) takes about
+# half the compile time of -O3 and 0.7x that of -O0 -g (CI time: two
+# compilers build them all).
 set(SUBPROJECT_BUILD_TYPE Debug)
 gradcomp_build_subproject("docs (a block of README.md or docs/)" ${SOURCE_DIR}/tests/docs/project ${WORK_DIR}
-                          ${CXX_COMPILER} ${GENERATOR} ${OPTIONS})
+                          ${CXX_COMPILER} ${GENERATOR} -DCMAKE_CXX_FLAGS_DEBUG=-O0 ${OPTIONS})
 file(STRINGS ${WORK_DIR}/snippets.txt programs)
 list(LENGTH programs count)
 set(ran 0)
