@@ -345,12 +345,13 @@ TEST_CASE("schedules: a codec's measured costs: dense_codec sends its floats (ra
   CHECK(gradcomp::predict_seconds(m, schedule_kind::rabenseifner, p) > (g.encode_s + g.decode_s) * double(g.elements));
 }
 
-TEST_CASE("schedules: GradiVeQ on Rabenseifner sends its first step in pieces: the same bits as one message, both faces") {
-  // GradiVeQ knows its payload sizes before encoding, so the first step's
-  // halves go as at most max_chunks pieces, each sent as soon as it is
-  // encoded, over the moving face and (exact receives, no length messages)
-  // the zero-copy face; a last doubling half above two chunks goes as two
-  // messages. chunk_elements = 0 keeps one message each.
+TEST_CASE("schedules: GradiVeQ on Rabenseifner sends every halving step in pieces: the same bits as one message, both faces") {
+  // GradiVeQ knows its payload sizes before encoding, so every halving
+  // step's halves go as at most max_chunks pieces (a power of two), each
+  // sent as soon as its blocks are encoded and summed, over the moving face
+  // and (exact receives, no length messages) the zero-copy face; a last
+  // doubling half above two chunks goes as two messages. chunk_elements = 0
+  // keeps one message each. Every cut sums each block in the same order.
   static_assert(gradcomp::ring_segmentation<gradcomp::linear_compressor<>>::knows_body_size);
   static_assert(!gradcomp::ring_segmentation<gradcomp::dense_codec<>>::knows_body_size);
   for (int n : {2, 3, 4, 5, 6, 8}) {
@@ -377,17 +378,26 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends its first step in pieces: t
     const auto [whole, whole_stats] = run_face(false, {.chunk_elements = 0});
     for (int r = 0; r < n; ++r) CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
     for (bool zc : {false, true})
-      for (std::size_t cap : {std::size_t(0), std::size_t(2), std::size_t(8)}) {
+      for (std::size_t cap : {std::size_t(0), std::size_t(2), std::size_t(3), std::size_t(8)}) {
         CAPTURE(zc);
         CAPTURE(cap);
         const auto [got, stats] = run_face(zc, {.max_chunks = cap});
         for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], whole[0]));
-        // Each rank of the power-of-two core sends its first half in more messages than one
-        // (when it has two blocks or more to give), never more than the cap.
-        const int p = gradcomp::rabenseifner_schedule(0, n).blocks();
-        // Over the zero-copy face the first-step peers also swap a digest of their blocks' sizes (8 bytes).
-        const std::size_t pieces = p / 2 >= 2 ? std::min<std::size_t>(cap == 0 ? std::size_t(p / 2) : cap, std::size_t(p / 2)) : 1;
-        const std::size_t extra = pieces - 1 + (zc && pieces > 1 ? 1 : 0);
+        // Each rank of the power-of-two core sends the half it gives at each
+        // step in more messages than one (when it has two blocks or more to
+        // give): the largest power of two within the cap and the blocks.
+        const gradcomp::rabenseifner_schedule rs(0, n);
+        const int p = rs.blocks();
+        std::size_t extra = 0, first = 1;
+        for (int k = 0; k < rs.steps(); ++k) {
+          const std::size_t given = std::size_t(p >> (k + 1)), most_pieces = cap == 0 ? given : std::min(cap, given);
+          std::size_t pieces = 1;
+          while (given >= 2 && pieces * 2 <= most_pieces) pieces *= 2;
+          if (k == 0) first = pieces;
+          extra += pieces - 1;
+        }
+        // Over the zero-copy face every halving peer also swaps a digest of the blocks' sizes (8 bytes).
+        if (zc && first > 1) extra += std::size_t(rs.steps());
         std::size_t most = 0;
         for (int r = 0; r < n; ++r) most = std::max(most, stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
         CHECK(most == extra);

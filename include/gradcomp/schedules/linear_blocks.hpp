@@ -8,6 +8,7 @@
 /// eq. 3; summed in from received bytes, eq. 4; kept and decoded, eq. 5).
 /// Part of <gradcomp/schedules.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -406,9 +407,11 @@ class linear_blocks {
     return exact ? mail_.expect_exact(peer, tag, packed_bytes(lo, hi)) : mail_.expect(peer, tag);
   }
   /// Eq. 4 on each block of [lo, hi): the message's payloads summed into this rank's.
-  void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi) {
+  void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi) { add_in(bytes, peer, lo, hi, lo, hi); }
+  /// Eq. 4 on the blocks of [from, to) that a message of blocks [lo, hi) holds.
+  void add_in(std::span<const std::byte> bytes, int peer, int lo, int hi, int from, int to) {
     const auto parts = parts_of(bytes, peer, lo, hi);
-    for (int j = lo; j < hi; ++j) {
+    for (int j = std::max(lo, from); j < std::min(hi, to); ++j) {
       const payload& q = parse(parts[std::size_t(j - lo)], j, peer);
       ring_timed(st_.combine_seconds, [&] { codec_.accumulate(enc_[std::size_t(j)], q); });
     }

@@ -70,76 +70,139 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     auto in = mail.expect(rs.fold_partner(), tag);
     blk.add_in(mail.collect(in), rs.fold_partner(), 0, p);
   }
-  // The first step's halves travel in pieces of whole blocks (at most
-  // max_chunks; none with chunk_elements 0), cut the same way on both sides
-  // (the peer's given half is this rank's kept half): each piece of the given
-  // half is sent as soon as it is encoded, so the wire starts after one
-  // piece's encode instead of the half's. Over a zero-copy transport only
-  // where the codec knows its payload sizes in advance: the receives are then
-  // exact and posted before the data is due, with no length messages (with
-  // them, a piece's receive could be posted only once its length had
-  // arrived, which holds a large message back under SMPI).
+  // Halving step k gives away a half of the blocks, kept by the peer, in
+  // pieces of whole blocks (at most max_chunks, a power of two; none with
+  // chunk_elements 0), each sent as soon as its sums are complete, cut the
+  // same way on both sides (the peer's given half is this rank's kept half).
+  // Encoding is lazy: a block is encoded (eq. 3) just before its first sum,
+  // so the encode of the blocks the next step gives away runs while this
+  // step's pieces travel, and step k + 1's first piece leaves once its
+  // blocks have this rank's encoding and the sums of steps 0 .. k (eq. 4,
+  // in that order: the same additions, in the same order, as one message
+  // per step). The pieces a rank sends go in the order its peer forwards
+  // them: the half the peer gives away at the next step first. Over a
+  // zero-copy transport only where the codec knows its payload sizes in
+  // advance: the receives are then exact and posted before the data is
+  // due, with no length messages (with them, a piece's receive could be
+  // posted only once its length had arrived, which holds a large message
+  // back under SMPI).
   constexpr bool exact_sizes = linear_mailbox<T>::zero_copy && KnowsBodySize<std::remove_const_t<C>>;
   constexpr bool may_cut = !linear_mailbox<T>::zero_copy || exact_sizes;
+  const int v = rs.virtual_rank(), steps = rs.steps();
+  struct halving_step {
+    int peer = 0, klo = 0, khi = 0, glo = 0, ghi = 0, pieces = 1;
+    bool upper_first = false;  // the pieces of the upper half travel first (see above)
+    std::vector<typename linear_mailbox<T>::incoming> in;  // the pieces of [klo, khi), in the order they travel
+    std::vector<std::optional<std::span<const std::byte>>> got;  // their bytes once collected
+  };
+  std::vector<halving_step> hs(static_cast<std::size_t>(v >= 0 ? steps : 0));
   // Every choice below depends on p, the options and the length only, so
   // both peers of every exchange make the same one.
-  const int half = p / 2;  // blocks each side gives away at the first step and sends at the last
-  const int m0 = !may_cut || o.chunk_elements == 0 || half < 2
-                     ? 1
-                     : (o.max_chunks == 0 ? half : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(half))));
+  auto pieces_of = [&](int given) {
+    if (!may_cut || o.chunk_elements == 0 || given < 2) return 1;
+    const int cap = o.max_chunks == 0 ? given : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(given)));
+    int m = 1;
+    while (m * 2 <= cap) m *= 2;
+    return m;
+  };
+  int lo = 0, hi = p;
+  for (int k = 0; k < int(hs.size()); ++k) {
+    auto& h = hs[std::size_t(k)];
+    const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2;
+    const bool lower = (v & d) == 0;
+    h.peer = rs.real_rank(v ^ d);
+    h.klo = lower ? lo : mid;
+    h.khi = lower ? mid : hi;
+    h.glo = lower ? mid : lo;
+    h.ghi = lower ? hi : mid;
+    h.pieces = pieces_of(h.ghi - h.glo);
+    // the peer (v ^ d) has v's bit of the next distance: it keeps its lower half there when v does
+    h.upper_first = k + 1 < steps && h.pieces >= 2 && (v & rs.halving_distance(k + 1)) == 0;
+    lo = h.klo;
+    hi = h.khi;
+  }
+  const int m0 = hs.empty() ? 1 : hs[0].pieces;
+  // Piece i (in travel order) of step k's range [from, to).
+  auto piece = [&](int k, int from, int to, int i) {
+    const auto& h = hs[std::size_t(k)];
+    const int at = h.upper_first ? (i + h.pieces / 2) % h.pieces : i;
+    auto cut = [&](int c) { return from + static_cast<int>(static_cast<long long>(to - from) * c / h.pieces); };
+    return std::pair{cut(at), cut(at + 1)};
+  };
   // The last doubling step carries half of the blocks, and their decode
   // could only follow the transfer. Where the vector is large it goes as two
   // messages, the second sent once the first has left: the first half's
   // blocks are then decoded while the second travels, for one more latency.
   const bool split_last = m0 > 1 && o.max_chunks != 1 && data.size() > 4 * o.chunk_elements;
   const bool exact = exact_sizes && m0 > 1;  // exact receives, no length messages
-  const int v = rs.virtual_rank();
   if (v >= 0) {
-    int lo = 0, hi = p;
-    for (int k = 0; k < rs.steps(); ++k) {  // recursive halving in the compressed domain
-      const int d = rs.halving_distance(k), mid = lo + (hi - lo) / 2, peer = rs.real_rank(v ^ d);
-      const bool lower = (v & d) == 0;
-      const int klo = lower ? lo : mid, khi = lower ? mid : hi;
-      const int glo = lower ? mid : lo, ghi = lower ? hi : mid;
-      const int m = k == 0 ? m0 : 1;
-      auto cut = [m](int from, int to, int i) { return from + static_cast<int>(static_cast<long long>(to - from) * i / m); };
-      if (k == 0 && exact) {
-        // Exact receives trust this rank's own idea of the peer's payload
-        // sizes, and some MPI libraries write past a receive that is too small
-        // instead of failing. So this step's peer (also the last doubling
-        // step's) first swaps a digest of every block's size with this rank:
-        // a rank with another length or codec configuration (another
-        // GradiVeQ basis) is an error on both sides before any data is sent.
-        auto theirs = mail.expect_exact(peer, tag, sizeof(std::uint64_t));
-        const std::uint64_t mine = blk.sizes_digest();
+    // Exact receives trust this rank's own idea of the peer's payload sizes,
+    // and some MPI libraries write past a receive that is too small instead
+    // of failing. So every halving peer (the doubling's peers too) first
+    // swaps a digest of every block's size with this rank: a rank with
+    // another length or codec configuration (another GradiVeQ basis) is an
+    // error on both sides before any data is sent to it.
+    std::vector<typename linear_mailbox<T>::incoming> digests;
+    const std::uint64_t mine = exact ? blk.sizes_digest() : 0;
+    if (exact) {
+      for (const auto& h : hs) digests.push_back(mail.expect_exact(h.peer, tag, sizeof mine));
+      for (const auto& h : hs) {
         std::vector<std::byte>& out = mail.outgoing();
         out.resize(sizeof mine);
         std::memcpy(out.data(), &mine, sizeof mine);
-        mail.send(peer, tag, false);
-        blk.encode(cut(glo, ghi, 0), cut(glo, ghi, 1));  // the first piece while the digests travel
-        const auto got = mail.collect(theirs);
+        mail.send(h.peer, tag, false);
+      }
+    }
+    // Posts the receives of step k's pieces once its peer's digest has matched.
+    auto post = [&](int k) {
+      auto& h = hs[std::size_t(k)];
+      if (exact) {
+        const auto got = mail.collect(digests[std::size_t(k)]);
         std::uint64_t other = 0;
         std::memcpy(&other, got.data(), sizeof other);
         if (other != mine)
-          throw transport_error(std::string(who) + ": rank " + std::to_string(self) + " and rank " + std::to_string(peer) +
+          throw transport_error(std::string(who) + ": rank " + std::to_string(self) + " and rank " + std::to_string(h.peer) +
                                 " disagree on the sizes of their blocks' payloads (another vector length or codec "
                                 "configuration, e.g. another GradiVeQ basis)");
       }
-      std::vector<typename linear_mailbox<T>::incoming> ins;  // posted before the sends: the peer's bytes are never held back
-      ins.reserve(std::size_t(m));
-      const bool exact_here = exact && k == 0;  // exact implies pieces (m0 > 1)
-      for (int i = 0; i < m; ++i) ins.push_back(blk.expect(peer, tag, cut(klo, khi, i), cut(klo, khi, i + 1), exact_here));
-      for (int i = 0; i < m; ++i) {
-        const int a = cut(glo, ghi, i), z = cut(glo, ghi, i + 1);
-        blk.encode(a, z);
-        blk.send(peer, tag, a, z, true, !exact_here);
+      for (int i = 0; i < h.pieces; ++i) {
+        const auto [a, z] = piece(k, h.klo, h.khi, i);
+        h.in.push_back(blk.expect(h.peer, tag, a, z, exact));
       }
-      if (m == 1) mail.arm(ins[0]);
-      blk.encode(klo, khi);  // first step only: the kept half is encoded while both halves travel
-      for (int i = 0; i < m; ++i) blk.add_in(mail.collect(ins[std::size_t(i)]), peer, cut(klo, khi, i), cut(klo, khi, i + 1));
-      lo = klo;
-      hi = khi;
+      h.got.resize(h.in.size());
+    };
+    // Step t's sums (eq. 4) into blocks [from, to), from the pieces that hold them.
+    auto add_from = [&](int t, int from, int to) {
+      auto& h = hs[std::size_t(t)];
+      for (int i = 0; i < h.pieces; ++i) {
+        const auto [a, z] = piece(t, h.klo, h.khi, i);
+        if (z <= from || a >= to) continue;
+        auto& bytes = h.got[std::size_t(i)];
+        if (!bytes) bytes = mail.collect(h.in[std::size_t(i)]);
+        blk.add_in(*bytes, h.peer, a, z, from, to);
+      }
+    };
+    // Step k sends its given half piece by piece, each completed just before it leaves.
+    auto give = [&](int k) {
+      const auto& h = hs[std::size_t(k)];
+      for (int i = 0; i < h.pieces; ++i) {
+        const auto [a, z] = piece(k, h.glo, h.ghi, i);
+        blk.encode(a, z);
+        for (int t = 0; t < k; ++t) add_from(t, a, z);
+        blk.send(h.peer, tag, a, z, true, !exact);
+      }
+      if (h.pieces == 1) mail.arm(hs[std::size_t(k)].in[0]);  // a length message: post the bytes' receive now
+    };
+    // Every step's receives are posted before the first send (the peers'
+    // bytes are never held back), the first piece encoded while the digests travel.
+    if (steps > 0) {
+      const auto [a, z] = piece(0, hs[0].glo, hs[0].ghi, 0);
+      blk.encode(a, z);
     }
+    for (int k = 0; k < steps; ++k) post(k);
+    for (int k = 0; k < steps; ++k) give(k);
+    blk.encode(v, v + 1);  // block v: this rank's encoding, then every step's sum
+    for (int t = 0; t < steps; ++t) add_from(t, v, v + 1);
     // Block v is complete: serialize it once; from here on the bytes travel
     // as they are (with exact sizes, sent from and received into one
     // buffer of all blocks: no copy).
