@@ -145,7 +145,9 @@ struct schedule_options {
   /// Rabenseifner and direct: the most messages a range exchanged with one
   /// peer is cut into; chunks grow beyond chunk_elements to keep to it
   /// (Rabenseifner: its first step's half of the vector, one chunk size for
-  /// every step; direct: a segment). 0: no cap. Every receive of an exchange
+  /// every step; in the compressed domain, pieces of whole blocks at every
+  /// halving step, the largest power of two within the cap; direct: a
+  /// segment). 0: no cap. Every receive of an exchange
   /// is posted at once, so this bounds the concurrent flows a step puts on
   /// the network and the requests a rank holds: under SimGrid SMPI, 64 ranks
   /// of Rabenseifner over 11.5M floats in 128 KiB chunks were 11,000
