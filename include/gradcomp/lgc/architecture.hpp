@@ -41,6 +41,13 @@ struct lgc_architecture {
   std::size_t kernel = 3;     ///< odd (padding kernel/2 keeps lengths exact)
   float leaky_slope = 0.01f;  ///< in [0, 1)
 
+  /// The defaults above. A constructor template, as std::pair's, only so
+  /// that it has a symbol per instruction set (abi.hpp): the implicit one
+  /// is a weak symbol whose body (copying the initializer lists) the
+  /// compiler vectorises differently under -mavx2 and without.
+  template <class AbiMarker = execution::abi_marker>
+  lgc_architecture() {}
+
   /// Number of stride-2 layers (each halves the length in the encoder).
   std::size_t depth() const noexcept { return encoder_channels.size(); }
   /// 2^depth: the factor between a window and its code positions.

@@ -92,6 +92,11 @@ struct lgc_options {
   /// whose tags reach another piece's range.
   int tag_base = tags::lgc.first;
 
+  /// The defaults above (a constructor template for a symbol per
+  /// instruction set, as lgc_architecture's).
+  template <class AbiMarker = execution::abi_marker>
+  lgc_options() {}
+
   /// Throws invalid_argument_error on an option outside its domain, or a
   /// tag_base whose tags leave [0, 32767] or reach another piece's range.
   template <class AbiMarker = execution::abi_marker>  // a copy per instruction set (abi.hpp)
