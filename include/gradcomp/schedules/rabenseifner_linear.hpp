@@ -268,8 +268,11 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// block by block, divided by N with options.average: bit-identical on every
 /// rank (each block's compressed sum is computed by one rank and its bytes
 /// are decoded everywhere). Each rank encodes its vector once and decodes it
-/// once; messages carry whole encoded half-ranges (log2 p of them each way,
-/// plus the fold for N not a power of two). Tags options.tag_base and + 1.
+/// once; messages carry encoded half-ranges (log2 p of them each way, plus
+/// the fold for N not a power of two), the halving's in pieces of whole
+/// blocks where the transport moves messages or the codec knows its payload
+/// sizes (options.max_chunks, chunk_elements 0: whole). Tags
+/// options.tag_base and + 1.
 /// Errors as ring_allreduce_linear's.
 template <Transport T, class C>
   requires LinearCodec<std::remove_const_t<C>>
