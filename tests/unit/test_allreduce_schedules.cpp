@@ -381,7 +381,8 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends every halving step in piece
       for (std::size_t cap : {std::size_t(0), std::size_t(2), std::size_t(3), std::size_t(8)}) {
         CAPTURE(zc);
         CAPTURE(cap);
-        const auto [got, stats] = run_face(zc, {.max_chunks = cap});
+        // chunk_elements = 1: every piece is big enough, the cap and the blocks decide.
+        const auto [got, stats] = run_face(zc, {.chunk_elements = 1, .max_chunks = cap});
         for (int r = 0; r < n; ++r) CHECK(bit_equal(got[std::size_t(r)], whole[0]));
         // Each rank of the power-of-two core sends the half it gives at each
         // step in more messages than one (when it has two blocks or more to
@@ -396,19 +397,85 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends every halving step in piece
           if (k == 0) first = pieces;
           extra += pieces - 1;
         }
-        // Over the zero-copy face every halving peer also swaps a digest of the blocks' sizes (8 bytes).
+        // Over the zero-copy face every halving peer also swaps a digest of
+        // the blocks' sizes (8 bytes), and with pieces the last doubling
+        // step's half goes in two (a vector of more than 4 chunks).
         if (zc && first > 1) extra += std::size_t(rs.steps());
-        std::size_t most = 0;
-        for (int r = 0; r < n; ++r) most = std::max(most, stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
-        CHECK(most == extra);
-        // Small chunks also split the last doubling step's half in two (one message more).
-        const auto [split, split_stats] = run_face(zc, {.chunk_elements = 16, .max_chunks = cap});
-        for (int r = 0; r < n; ++r) CHECK(bit_equal(split[std::size_t(r)], whole[0]));
-        std::size_t most_split = 0;
-        for (int r = 0; r < n; ++r)
-          most_split = std::max(most_split, split_stats[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
-        CHECK(most_split == extra + (p >= 4 ? 1 : 0));
+        if (first > 1 && cap != 1) extra += 1;
+        auto most_extra = [&](const std::vector<ring_stats>& st) {
+          std::size_t most = 0;
+          for (int r = 0; r < n; ++r)
+            most = std::max(most, st[std::size_t(r)].messages_sent - whole_stats[std::size_t(r)].messages_sent);
+          return most;
+        };
+        CHECK(most_extra(stats) == extra);
+        // The default chunk (32768 floats' worth) is more than these halves
+        // hold: one message per step, as chunk_elements = 0.
+        const auto [whole_again, whole_again_stats] = run_face(zc, {.max_chunks = cap});
+        for (int r = 0; r < n; ++r) CHECK(bit_equal(whole_again[std::size_t(r)], whole[0]));
+        CHECK(most_extra(whole_again_stats) == 0);
       }
+  }
+}
+
+namespace {
+// The moving face of the in-process transport, recording every message's tag and size.
+struct recording_endpoint {
+  inproc_endpoint* ep;
+  std::vector<std::pair<int, std::size_t>>* sent;
+  int rank() const { return ep->rank(); }
+  int size() const { return ep->size(); }
+  auto isend(int d, int tag, std::vector<std::byte>&& b) {
+    sent->emplace_back(tag, b.size());
+    return ep->isend(d, tag, std::move(b));
+  }
+  auto irecv(int s, int tag) { return ep->irecv(s, tag); }
+};
+static_assert(gradcomp::Transport<recording_endpoint>);
+}  // namespace
+
+TEST_CASE("schedules: GradiVeQ on Rabenseifner: no halving piece holds less than chunk_elements floats' worth") {
+  // 8 equal blocks of 40 slices: the first step's half in one message is
+  // `half` bytes; with chunk_elements = half / 8 floats (half / 2 bytes) it
+  // goes as 2 pieces, and the second step's quarter, half / 4 floats' worth,
+  // as one message: pieces are counted from the range both peers split.
+  const int n = 8;
+  const std::size_t K = 16;
+  const low_rank_layer layer(K, 3, K * 320, 77);
+  const auto codec = fitted_codec(layer, std::size_t(n));
+  const std::vector<vec> x = rank_samples(layer, n, 4000);
+  auto run = [&](schedule_options o) {
+    std::vector<vec> out = x;
+    std::vector<std::vector<std::pair<int, std::size_t>>> sent(static_cast<std::size_t>(n));
+    run_workers(n, [&](inproc_endpoint& ep) {
+      auto mine = codec;
+      recording_endpoint rec{&ep, &sent[std::size_t(ep.rank())]};
+      gradcomp::rabenseifner_allreduce_linear(rec, mine, out[std::size_t(ep.rank())], o);
+    }, {.recv_timeout = 60s});
+    // the halving's messages (tag_base), in the order each rank sent them
+    std::vector<std::vector<std::size_t>> halving(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      for (const auto& [tag, bytes] : sent[std::size_t(r)])
+        if (tag == o.tag_base) halving[std::size_t(r)].push_back(bytes);
+    return std::pair{out, halving};
+  };
+  const auto [whole, whole_halving] = run({.chunk_elements = 0});
+  REQUIRE(whole_halving[0].size() == 3);  // one message per step
+  const std::size_t half = whole_halving[0][0];
+  const auto [got, halving] = run({.chunk_elements = half / 8});
+  for (int r = 0; r < n; ++r) {
+    CHECK(bit_equal(got[std::size_t(r)], whole[0]));
+    const auto& m = halving[std::size_t(r)];
+    REQUIRE(m.size() == 4);  // 2 pieces, then one message per step
+    CHECK(m[0] + m[1] == half);
+    CHECK(m[0] >= half / 2);
+    CHECK(m[1] >= half / 2);
+  }
+  // One float's worth: the blocks and the cap decide (4, 2 and 1 pieces).
+  const auto [small, small_halving] = run({.chunk_elements = 1});
+  for (int r = 0; r < n; ++r) {
+    CHECK(bit_equal(small[std::size_t(r)], whole[0]));
+    CHECK(small_halving[std::size_t(r)].size() == 7);
   }
 }
 

@@ -284,6 +284,8 @@ class linear_blocks {
         own_bytes_(b_.size() - 1), encoded_(b_.size() - 1, false) {}
 
   int blocks() const noexcept { return static_cast<int>(b_.size()) - 1; }
+  /// The vector's elements in blocks [lo, hi).
+  std::size_t elements(int lo, int hi) const { return b_[std::size_t(hi)] - b_[std::size_t(lo)]; }
   std::span<float> block(int j) const { return data_.subspan(b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]); }
   linear_mailbox<T>& mail() noexcept { return mail_; }
   /// This rank's payload of block j (its encoding, then the sums added into it).

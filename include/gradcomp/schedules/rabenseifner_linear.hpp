@@ -71,8 +71,9 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     blk.add_in(mail.collect(in), rs.fold_partner(), 0, p);
   }
   // Halving step k gives away a half of the blocks, kept by the peer, in
-  // pieces of whole blocks (at most max_chunks, a power of two; none with
-  // chunk_elements 0), each sent as soon as its sums are complete, cut the
+  // pieces of whole blocks (at most max_chunks, a power of two, each of at
+  // least chunk_elements floats' worth; none with chunk_elements 0), each
+  // sent as soon as its sums are complete, cut the
   // same way on both sides (the peer's given half is this rank's kept half).
   // Encoding is lazy: a block is encoded (eq. 3) just before its first sum,
   // so the encode of the blocks the next step gives away runs while this
@@ -96,13 +97,25 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     std::vector<std::optional<std::span<const std::byte>>> got;  // their bytes once collected
   };
   std::vector<halving_step> hs(static_cast<std::size_t>(v >= 0 ? steps : 0));
-  // Every choice below depends on p, the options and the length only, so
-  // both peers of every exchange make the same one.
-  auto pieces_of = [&](int given) {
+  // Every choice below depends on p, the options, the length and the
+  // codec's sizes of the range both peers split, never on one side's half
+  // (halves can differ by a block's tail), so both make the same one.
+  // A piece is at least chunk_elements floats' worth of bytes (payload
+  // bytes where the codec knows them, else elements): messages of at least
+  // 64 KiB at the default, where SMPI's bandwidth factors do not reward
+  // small ones.
+  auto pieces_of = [&](int lo, int hi) {
+    const int given = (hi - lo) / 2;
     if (!may_cut || o.chunk_elements == 0 || given < 2) return 1;
-    const int cap = o.max_chunks == 0 ? given : static_cast<int>(std::min<std::size_t>(o.max_chunks, std::size_t(given)));
+    std::size_t units = 0;  // floats' worth in half the range
+    if constexpr (KnowsBodySize<std::remove_const_t<C>>)
+      units = blk.packed_bytes(lo, hi) / sizeof(float) / 2;
+    else
+      units = blk.elements(lo, hi) / 2;
+    std::size_t cap = std::min<std::size_t>(std::size_t(given), std::max<std::size_t>(1, units / o.chunk_elements));
+    if (o.max_chunks != 0) cap = std::min(cap, o.max_chunks);
     int m = 1;
-    while (m * 2 <= cap) m *= 2;
+    while (std::size_t(m) * 2 <= cap) m *= 2;
     return m;
   };
   int lo = 0, hi = p;
@@ -115,7 +128,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     h.khi = lower ? mid : hi;
     h.glo = lower ? mid : lo;
     h.ghi = lower ? hi : mid;
-    h.pieces = pieces_of(h.ghi - h.glo);
+    h.pieces = pieces_of(lo, hi);
     // the peer (v ^ d) has v's bit of the next distance: it keeps its lower half there when v does
     h.upper_first = k + 1 < steps && h.pieces >= 2 && (v & rs.halving_distance(k + 1)) == 0;
     lo = h.klo;
