@@ -149,9 +149,10 @@ TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, cl
     CHECK(ws.bytes(0).capacity() > 0);  // what arrived
     CHECK(ws.bytes(1).capacity() > 0);  // the first message sent
   }
-  // Small chunks: the first step in pieces and the last doubling half in two
-  // messages, with exact receives and no length messages (GradiVeQ knows its
-  // payload sizes): the same bits, with the same workspace.
+  // Small chunks: the halving steps in pieces (16 floats' worth: 2-4 pieces
+  // per step here) and the last doubling half in two messages, with exact
+  // receives and no length messages (GradiVeQ knows its payload sizes): the
+  // same bits, with the same workspace.
   for (std::size_t cap : {std::size_t(0), std::size_t(2)}) {
     vec pieces = x[std::size_t(r)];
     schedule_options o{.kind = schedule_kind::rabenseifner, .chunk_elements = 16, .max_chunks = cap};
