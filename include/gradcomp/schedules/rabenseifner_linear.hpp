@@ -101,9 +101,9 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   // codec's sizes of the range both peers split, never on one side's half
   // (halves can differ by a block's tail), so both make the same one.
   // A piece is at least chunk_elements floats' worth of bytes (payload
-  // bytes where the codec knows them, else elements): messages of at least
-  // 64 KiB at the default, where SMPI's bandwidth factors do not reward
-  // small ones.
+  // bytes where the codec knows them, else elements): 128 KiB at the
+  // default, no message under the 64 KB from which SMPI's bandwidth factors
+  // stop rewarding small ones.
   auto pieces_of = [&](int lo, int hi) {
     const int given = (hi - lo) / 2;
     if (!may_cut || o.chunk_elements == 0 || given < 2) return 1;
