@@ -73,8 +73,8 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
   // Halving step k gives away a half of the blocks, kept by the peer, in
   // pieces of whole blocks (at most max_chunks, a power of two, each of at
   // least chunk_elements floats' worth; none with chunk_elements 0), each
-  // sent as soon as its sums are complete, cut the
-  // same way on both sides (the peer's given half is this rank's kept half).
+  // sent as soon as its sums are complete, cut the same way on both sides
+  // (the peer's given half is this rank's kept half).
   // Encoding is lazy: a block is encoded (eq. 3) just before its first sum,
   // so the encode of the blocks the next step gives away runs while this
   // step's pieces travel, and step k + 1's first piece leaves once its
@@ -134,6 +134,7 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     lo = h.klo;
     hi = h.khi;
   }
+  // From here on (v >= 0) [lo, hi) is block v's range, where the doubling starts.
   const int m0 = hs.empty() ? 1 : hs[0].pieces;
   // Piece i (in travel order) of step k's range [from, to).
   auto piece = [&](int k, int from, int to, int i) {
@@ -197,14 +198,14 @@ ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const
     };
     // Step k sends its given half piece by piece, each completed just before it leaves.
     auto give = [&](int k) {
-      const auto& h = hs[std::size_t(k)];
+      auto& h = hs[std::size_t(k)];
       for (int i = 0; i < h.pieces; ++i) {
         const auto [a, z] = piece(k, h.glo, h.ghi, i);
         blk.encode(a, z);
         for (int t = 0; t < k; ++t) add_from(t, a, z);
         blk.send(h.peer, tag, a, z, true, !exact);
       }
-      if (h.pieces == 1) mail.arm(hs[std::size_t(k)].in[0]);  // a length message: post the bytes' receive now
+      if (h.pieces == 1) mail.arm(h.in[0]);  // a length message: post the bytes' receive now
     };
     // Every step's receives are posted before the first send (the peers'
     // bytes are never held back), the first piece encoded while the digests travel.
