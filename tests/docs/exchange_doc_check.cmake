@@ -1,7 +1,7 @@
 # docs/exchange.md promises a complete 4-worker program of at most 40 lines:
 # the block between <!-- exchange-quickstart:begin --> and
-# <!-- exchange-quickstart:end --> (built and run like every block by docs.gcc
-# and docs.clang) must exist and stay that short.
+# <!-- exchange-quickstart:end --> (built and run like every block by
+# docs.clang) must exist and stay that short.
 #   cmake -DSOURCE_DIR=<checkout> -P exchange_doc_check.cmake
 file(READ ${SOURCE_DIR}/docs/exchange.md page)
 set(open "<!-- exchange-quickstart:begin -->\n```cpp\n")
