@@ -9,11 +9,14 @@
 //   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
 //   bench_smpi_allreduce --list                                           (the methods, no MPI)
 //
-// A step = one collective per bucket, one bucket after the other. Every rank
-// rebuilds its gradient before each run (outside the timed region); a run is
-// timed from a barrier to the slowest rank's end (MPI_Wtime: simulated time),
-// one warm-up run then `repeats` timed runs, the best reported. Prints one
-// line `SMPI_RUN key=value ...` that the runner collects.
+// A step = one collective per bucket, one bucket after the other (the
+// *_grouped methods: one collective for all the buckets, their codecs as one
+// codec_group). The buckets are views of one buffer, the compressible ones
+// first. Every rank rebuilds its gradient before each run (outside the timed
+// region); a run is timed from a barrier to the slowest rank's end
+// (MPI_Wtime: simulated time), one warm-up run then `repeats` timed runs, the
+// best reported. Prints one line `SMPI_RUN key=value ...` that the runner
+// collects.
 //
 // Simulation rules (printed with --rules): every addition, encode and decode
 // of gradcomp runs in user code on the calling thread (execution policy simd
@@ -141,10 +144,35 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   note(c, st);
 }
 
+/// A gradient's buckets as views of one buffer: the compressible buckets
+/// first, one after the other (a grouped method's codec_group covers them as
+/// one vector), then the dense ones. `buckets` follows the layout's order.
+struct gradient_buffer {
+  std::vector<float> arena;
+  std::vector<std::span<float>> buckets;
+  std::span<float> compressible, dense;  // the two runs of the arena
+  explicit gradient_buffer(const std::vector<bucket>& layout) {
+    std::size_t total = 0, head = 0;
+    for (const auto& b : layout) {
+      total += b.elements;
+      if (b.compressible) head += b.elements;
+    }
+    arena.resize(total);
+    std::size_t at_compressible = 0, at_dense = head;
+    for (const auto& b : layout) {
+      std::size_t& at = b.compressible ? at_compressible : at_dense;
+      buckets.emplace_back(arena.data() + at, b.elements);
+      at += b.elements;
+    }
+    compressible = std::span<float>(arena).first(head);
+    dense = std::span<float>(arena).subspan(head);
+  }
+};
+
 /// One method's state over the buckets of one gradient: step() all-reduces every bucket once.
 struct runner {
   virtual ~runner() = default;
-  virtual void step(std::vector<std::vector<float>>& buckets) = 0;
+  virtual void step(gradient_buffer& g) = 0;
 };
 
 using span_allreduce = std::function<void(context&, std::span<float>)>;
@@ -154,8 +182,8 @@ struct dense_runner final : runner {
   context& c;
   span_allreduce fn;
   dense_runner(context& cx, span_allreduce f) : c(cx), fn(std::move(f)) {}
-  void step(std::vector<std::vector<float>>& buckets) override {
-    for (auto& b : buckets) fn(c, std::span<float>(b));
+  void step(gradient_buffer& g) override {
+    for (auto& b : g.buckets) fn(c, b);
   }
 };
 
@@ -173,12 +201,46 @@ struct codec_runner final : runner {
       : c(cx), run(std::move(r)), dense_kind(dk) {
     for (const auto& b : layout) states.push_back(b.compressible ? make(c, b.elements) : nullptr);
   }
-  void step(std::vector<std::vector<float>>& buckets) override {
-    for (std::size_t i = 0; i < buckets.size(); ++i) {
-      if (states[i]) run(c, *states[i], std::span<float>(buckets[i]));
-      else schedule_allreduce(c, std::span<float>(buckets[i]), dense_kind);
+  void step(gradient_buffer& g) override {
+    for (std::size_t i = 0; i < g.buckets.size(); ++i) {
+      if (states[i]) run(c, *states[i], g.buckets[i]);
+      else schedule_allreduce(c, g.buckets[i], dense_kind);
     }
   }
+};
+
+/// GradiVeQ over every compressible bucket at once: the buckets' codecs (one
+/// each, made once, as codec_runner's) as one codec_group, so one compressed
+/// Rabenseifner runs every bucket's steps together; the dense buckets as one
+/// dense Rabenseifner over their run of the buffer.
+template <class C>
+struct grouped_runner final : runner {
+  context& c;
+  std::vector<std::unique_ptr<C>> codecs;
+  gradcomp::codec_group<C> group;
+  grouped_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<C>(context&, std::size_t)>& make)
+      : c(cx) {
+    for (const auto& b : layout)
+      if (b.compressible) {
+        codecs.push_back(make(c, b.elements));
+        group.add(*codecs.back(), b.elements);
+      }
+  }
+  void step(gradient_buffer& g) override {
+    if (group.members() > 0)
+      note(c, gradcomp::allreduce_linear(policy{}, c.transport, group, g.compressible,
+                                         {.kind = gradcomp::schedule_kind::rabenseifner, .chunk_elements = c.chunk,
+                                          .max_chunks = c.max_chunks, .workspace = &c.workspace}));
+    if (!g.dense.empty()) schedule_allreduce(c, g.dense, gradcomp::schedule_kind::rabenseifner);
+  }
+};
+
+/// Every bucket in one dense Rabenseifner over the whole buffer: the grouped
+/// GradiVeQ method's dense counterpart (one set of latency steps for all).
+struct whole_runner final : runner {
+  context& c;
+  explicit whole_runner(context& cx) : c(cx) {}
+  void step(gradient_buffer& g) override { schedule_allreduce(c, g.arena, gradcomp::schedule_kind::rabenseifner); }
 };
 
 struct method {
@@ -240,6 +302,12 @@ const std::vector<method>& methods() {
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::pipelined_ring); }));
     m.push_back(dense_method("gc_rabenseifner", "rabenseifner",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner); }));
+    // Every bucket in one Rabenseifner over the whole buffer (the grouped
+    // GradiVeQ method's dense counterpart: one set of latency steps).
+    m.push_back({"gc_rabenseifner_grouped", "dense", "rabenseifner_grouped", false,
+                 [](context& c, const std::vector<bucket>&) -> std::unique_ptr<runner> {
+                   return std::make_unique<whole_runner>(c);
+                 }});
     m.push_back(dense_method("gc_direct", "direct", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::direct); }));
     m.push_back(dense_method("gc_hierarchical", "hierarchical",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::hierarchical); }));
@@ -259,6 +327,10 @@ const std::vector<method>& methods() {
                                               .max_chunks = c.max_chunks, .workspace = &c.workspace}));
         },
         sk::rabenseifner));
+    m.push_back({"gc_gradiveq_rabenseifner_grouped", "gradiveq", "rabenseifner_grouped", true,
+                 [](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
+                   return std::make_unique<grouped_runner<gradiveq_codec>>(c, layout, make_gradiveq);
+                 }});
     m.push_back(codec_method<gradiveq_codec>(
         "gc_gradiveq_hierarchical", "gradiveq", "hierarchical", make_gradiveq,
         [](context& c, gradiveq_codec& q, std::span<float> x) {
@@ -354,7 +426,7 @@ const char* rules_text =
     "  - gradcomp's own small collectives (the bench's barrier and timing reduction) run under the same\n"
     "    smpi/allreduce setting as the best MPI_Allreduce algorithm's run\n";
 
-std::uint64_t checksum(const std::vector<std::vector<float>>& buckets) {
+std::uint64_t checksum(const std::vector<std::span<float>>& buckets) {
   std::uint64_t h = 0;
   for (const auto& b : buckets) {
     std::uint64_t x = 0;
@@ -507,22 +579,21 @@ int main(int argc, char** argv) {
     total += b.elements;
     if (b.compressible) compressible += b.elements;
   }
-  std::vector<std::vector<float>> buckets;
-  for (const auto& b : layout) buckets.emplace_back(b.elements);
+  gradient_buffer g(layout);
   auto r = m.make(c, layout);
 
   double best = 1e300;
   for (int it = -1; it < repeats; ++it) {
-    for (std::size_t i = 0; i < buckets.size(); ++i) fill_gradient(buckets[i], c.rank, i);
+    for (std::size_t i = 0; i < g.buckets.size(); ++i) fill_gradient(g.buckets[i], c.rank, i);
     c.stats = {};
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    r->step(buckets);
+    r->step(g);
     double mine = MPI_Wtime() - t0, slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (it >= 0) best = std::min(best, slowest);
   }
-  unsigned long long h = checksum(buckets), hmin = 0, hmax = 0;
+  unsigned long long h = checksum(g.buckets), hmin = 0, hmax = 0;
   MPI_Allreduce(&h, &hmin, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hmax, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
   // The schedules' statistics of the last run (real CPU time of the
@@ -538,6 +609,6 @@ int main(int argc, char** argv) {
     std::printf("SMPI_RUN method=%s label=%s codec=%s schedule=%s nodes=%d gradient=%s floats=%zu compressible=%zu "
                 "buckets=%zu repeats=%d seconds=%.9g identical=%d\n",
                 m.name.c_str(), label.empty() ? "-" : label.c_str(), m.codec.c_str(), m.schedule.c_str(), c.size,
-                spec.c_str(), total, compressible, buckets.size(), repeats, best, hmin == hmax ? 1 : 0);
+                spec.c_str(), total, compressible, g.buckets.size(), repeats, best, hmin == hmax ? 1 : 0);
   return 0;
 }

@@ -26,6 +26,7 @@
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/samomentum.hpp>
+#include <gradcomp/schedules/codec_group.hpp>
 #include <gradcomp/sparsify.hpp>
 #include <gradcomp/tags.hpp>
 #include <gradcomp/transport/inproc.hpp>
@@ -48,6 +49,7 @@ void for_each_payload_type(F&& f) {
   f.template operator()<two_bit_payload>();
   f.template operator()<qsgd_payload>();
   f.template operator()<gradiveq_payload>();
+  f.template operator()<codec_group_payload<gradiveq_payload>>();
   f.template operator()<ps_control>();
 }
 

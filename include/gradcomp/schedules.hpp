@@ -31,6 +31,7 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/schedules/agreement.hpp>
+#include <gradcomp/schedules/codec_group.hpp>
 #include <gradcomp/schedules/cost_model.hpp>
 #include <gradcomp/schedules/direct.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>

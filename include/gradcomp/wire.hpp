@@ -64,6 +64,7 @@ enum class codec_id : std::uint16_t {
   bf16 = 9,         ///< bf16_codec (half.hpp)
   homomorphic = 10, ///< homomorphic_quantizer (homomorphic.hpp)
   powersgd = 12,    ///< powersgd_compressor's saved state (powersgd.hpp; its P and Q are plain float sums)
+  codec_group = 13, ///< codec_group's payload: its members' payloads of one run (schedules/codec_group.hpp)
   control = 100,    ///< driver control messages (parameter servers, schedules)
   user_first = 1000 ///< first id free for users' own codecs
 };

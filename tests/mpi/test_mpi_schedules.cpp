@@ -1,7 +1,8 @@
 // schedules.hpp over mpi_transport under mpirun (2, 3, 4 and 5 ranks from
 // ctest): every dense schedule (pipelined ring, Rabenseifner with the fold of
 // non-powers of two, hierarchical, the MPI library's own all-reduce) leaves
-// the same bits on every rank and the sum; GradiVeQ on Rabenseifner; the
+// the same bits on every rank and the sum; GradiVeQ on Rabenseifner (one
+// layer, and two buckets as one codec_group); the
 // library capability (float sum, words, max); a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
 // cells travel packed (2 bytes each) with the same bits; Rabenseifner and
@@ -165,6 +166,28 @@ TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, cl
   allreduce_linear(t, mine, std::span<float>(hier), {.kind = schedule_kind::hierarchical, .group_size = n % 2 == 0 ? 2 : 0});
   CHECK(same_on_every_rank(hier));
   CHECK(rel_error(hier, reference) < 1e-5);
+}
+
+TEST_CASE("mpi schedules: two GradiVeQ buckets as one codec_group on Rabenseifner: each bucket's sum, the same bits, whole or in pieces") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const low_rank_layer a(16, 3, 16 * (2 * std::size_t(n) + 1) + 5, 80 + std::uint64_t(n));
+  const low_rank_layer b(16, 3, 16 * (3 * std::size_t(n) + 2), 90 + std::uint64_t(n));
+  auto ca = fitted_codec(a, static_cast<std::size_t>(n)), cb = fitted_codec(b, static_cast<std::size_t>(n));
+  const std::vector<vec> xa = rank_samples(a, n, 6000), xb = rank_samples(b, n, 7000);
+  codec_group<linear_compressor<>> group;
+  group.add(ca, a.length);
+  group.add(cb, b.length);
+  vec mine = xa[std::size_t(r)];
+  mine.insert(mine.end(), xb[std::size_t(r)].begin(), xb[std::size_t(r)].end());
+  vec whole = mine, pieces = mine;
+  allreduce_linear(t, group, std::span<float>(whole), {.kind = schedule_kind::rabenseifner, .chunk_elements = 0});
+  allreduce_linear(t, group, std::span<float>(pieces), {.kind = schedule_kind::rabenseifner, .chunk_elements = 16});
+  CHECK(same_on_every_rank(whole));
+  CHECK(pieces == whole);
+  const vec ra = compressed_domain_sum(ca, xa), rb = compressed_domain_sum(cb, xb);
+  CHECK(rel_error(std::span<const float>(whole).first(a.length), ra) < 1e-5);
+  CHECK(rel_error(std::span<const float>(whole).subspan(a.length), rb) < 1e-5);
 }
 
 TEST_CASE("mpi schedules: the library capability sums words modulo 2^32 and takes the max") {
