@@ -5,12 +5,15 @@
 //   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
 //       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>] [--group G]
 //       [--chunk FLOATS] [--max-chunks K]   (schedule_options::chunk_elements, max_chunks; defaults the library's)
+//       [--group-floats F]   (the *_grouped methods: consecutive buckets in groups of at most F floats,
+//                             default 16M = 64 MiB; 0: one group)
 //   smpirun -np 2 -platform P2.xml ... bench_smpi_allreduce --model N:floats,...   (the cost model's fit and picks)
 //   smpirun -np 1 -platform P.xml ... bench_smpi_allreduce --calibrate   (the host speed, real CPU time)
 //   bench_smpi_allreduce --list                                           (the methods, no MPI)
 //
 // A step = one collective per bucket, one bucket after the other (the
-// *_grouped methods: one collective for all the buckets, their codecs as one
+// *_grouped methods: one collective per run of consecutive buckets of at most
+// --group-floats, 64 MiB by default, the codecs of a run as one
 // codec_group). The buckets are views of one buffer, the compressible ones
 // first. Every rank rebuilds its gradient before each run (outside the timed
 // region); a run is timed from a barrier to the slowest rank's end
@@ -118,7 +121,23 @@ struct context {
   std::size_t max_chunks = gradcomp::schedule_options{}.max_chunks;  // --max-chunks: messages per exchange (0: no cap)
   gradcomp::schedule_workspace workspace;  // the schedules' receive scratch, kept across calls as the exchange keeps it
   gradcomp::ring_stats stats;  // the dense schedules' statistics, summed over the timed run's buckets
+  // --group-floats: the grouped methods' cap on a group's floats (0: one group). Default 16M floats =
+  // 64 MiB, Horovod's default fusion buffer; docs/performance.md has one group and other caps.
+  std::size_t group_floats = std::size_t{16} << 20;
 };
+
+/// [begin, end) runs of consecutive buckets (sizes `lengths`) of at most `cap` elements each where
+/// the buckets allow (a bucket above the cap is a run of its own); cap 0: one run.
+std::vector<std::pair<std::size_t, std::size_t>> bucket_runs(const std::vector<std::size_t>& lengths, std::size_t cap) {
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  std::size_t at = 0;
+  for (std::size_t n : lengths) {
+    if (runs.empty() || (cap != 0 && runs.back().second - runs.back().first + n > cap)) runs.emplace_back(at, at);
+    runs.back().second += n;
+    at += n;
+  }
+  return runs;
+}
 
 /// Adds a schedule call's statistics to the run's (SMPI_STATS).
 void note(context& c, const gradcomp::ring_stats& st) {
@@ -217,30 +236,48 @@ template <class C>
 struct grouped_runner final : runner {
   context& c;
   std::vector<std::unique_ptr<C>> codecs;
-  gradcomp::codec_group<C> group;
+  std::vector<gradcomp::codec_group<C>> groups;  // consecutive buckets, at most --group-floats each
+  std::vector<std::size_t> starts;               // where each group begins in the compressible run
+  std::vector<std::pair<std::size_t, std::size_t>> dense_runs;  // the dense buckets' runs of the dense part
   grouped_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<C>(context&, std::size_t)>& make)
       : c(cx) {
-    for (const auto& b : layout)
-      if (b.compressible) {
-        codecs.push_back(make(c, b.elements));
-        group.add(*codecs.back(), b.elements);
+    std::vector<std::size_t> compressible, dense;
+    for (const auto& b : layout) (b.compressible ? compressible : dense).push_back(b.elements);
+    std::size_t i = 0;
+    for (const auto& [begin, end] : bucket_runs(compressible, c.group_floats)) {
+      groups.emplace_back();
+      starts.push_back(begin);
+      for (std::size_t at = begin; at < end; at += compressible[i++]) {
+        codecs.push_back(make(c, compressible[i]));
+        groups.back().add(*codecs.back(), compressible[i]);
       }
+    }
+    dense_runs = bucket_runs(dense, c.group_floats);
   }
   void step(gradient_buffer& g) override {
-    if (group.members() > 0)
-      note(c, gradcomp::allreduce_linear(policy{}, c.transport, group, g.compressible,
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      note(c, gradcomp::allreduce_linear(policy{}, c.transport, groups[i], g.compressible.subspan(starts[i], groups[i].length()),
                                          {.kind = gradcomp::schedule_kind::rabenseifner, .chunk_elements = c.chunk,
                                           .max_chunks = c.max_chunks, .workspace = &c.workspace}));
-    if (!g.dense.empty()) schedule_allreduce(c, g.dense, gradcomp::schedule_kind::rabenseifner);
+    for (const auto& [begin, end] : dense_runs)
+      schedule_allreduce(c, g.dense.subspan(begin, end - begin), gradcomp::schedule_kind::rabenseifner);
   }
 };
 
-/// Every bucket in one dense Rabenseifner over the whole buffer: the grouped
-/// GradiVeQ method's dense counterpart (one set of latency steps for all).
+/// The grouped GradiVeQ method's dense counterpart: consecutive buckets in
+/// runs of at most --group-floats, one all-reduce `fn` per run.
 struct whole_runner final : runner {
   context& c;
-  explicit whole_runner(context& cx) : c(cx) {}
-  void step(gradient_buffer& g) override { schedule_allreduce(c, g.arena, gradcomp::schedule_kind::rabenseifner); }
+  span_allreduce fn;
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  whole_runner(context& cx, const std::vector<bucket>& layout, span_allreduce f) : c(cx), fn(std::move(f)) {
+    std::vector<std::size_t> lengths;
+    for (const auto& b : layout) lengths.push_back(b.elements);
+    runs = bucket_runs(lengths, c.group_floats);
+  }
+  void step(gradient_buffer& g) override {
+    for (const auto& [begin, end] : runs) fn(c, std::span<float>(g.arena).subspan(begin, end - begin));
+  }
 };
 
 struct method {
@@ -255,6 +292,14 @@ method dense_method(std::string name, std::string schedule, span_allreduce fn) {
   return {std::move(name), "dense", std::move(schedule), false,
           [fn](context& c, const std::vector<bucket>&) -> std::unique_ptr<runner> {
             return std::make_unique<dense_runner>(c, fn);
+          }};
+}
+
+/// A dense method over runs of consecutive buckets (whole_runner).
+method grouped_dense_method(std::string name, std::string codec, std::string schedule, span_allreduce fn) {
+  return {std::move(name), std::move(codec), std::move(schedule), false,
+          [fn](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
+            return std::make_unique<whole_runner>(c, layout, fn);
           }};
 }
 
@@ -304,10 +349,14 @@ const std::vector<method>& methods() {
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner); }));
     // Every bucket in one Rabenseifner over the whole buffer (the grouped
     // GradiVeQ method's dense counterpart: one set of latency steps).
-    m.push_back({"gc_rabenseifner_grouped", "dense", "rabenseifner_grouped", false,
-                 [](context& c, const std::vector<bucket>&) -> std::unique_ptr<runner> {
-                   return std::make_unique<whole_runner>(c);
-                 }});
+    m.push_back(grouped_dense_method("gc_rabenseifner_grouped", "dense", "rabenseifner_grouped",
+                                     [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner); }));
+    // Diagnostic, not in the runner's lists: MPI_Allreduce over the same runs of buckets (the fair
+    // counterpart of the grouped methods; --cfg=smpi/allreduce picks the algorithm).
+    m.push_back(grouped_dense_method("mpi_allreduce_grouped", "mpi_allreduce", "mpi_allreduce_grouped",
+                                     [](context&, std::span<float> x) {
+                                       MPI_Allreduce(MPI_IN_PLACE, x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                                     }));
     m.push_back(dense_method("gc_direct", "direct", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::direct); }));
     m.push_back(dense_method("gc_hierarchical", "hierarchical",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::hierarchical); }));
@@ -534,7 +583,7 @@ int fit_model(mpi_transport& transport, const std::string& grid) {
 int main(int argc, char** argv) {
   std::string method_name, spec = "resnet50", label, model_grid;
   int repeats = 1, group = 0;
-  std::size_t chunk = 32768, max_chunks = gradcomp::schedule_options{}.max_chunks;
+  std::size_t chunk = 32768, max_chunks = gradcomp::schedule_options{}.max_chunks, group_floats = std::size_t{16} << 20;
   bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
   for (int i = 1; i < argc; ++i) {
@@ -547,6 +596,7 @@ int main(int argc, char** argv) {
     else if (a == "--group") group = std::atoi(next().c_str());
     else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--max-chunks") max_chunks = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--group-floats") group_floats = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
     else if (a == "--list") list = true;
@@ -566,7 +616,7 @@ int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
   mpi_transport transport(MPI_COMM_WORLD);
   if (do_model) return fit_model(transport, model_grid);
-  context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, {}};
+  context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, {}, {}, group_floats};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());

@@ -47,6 +47,26 @@ struct codec_group_payload {
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
   std::vector<P> parts;
+  /// Part objects kept, with their buffers, while the payload holds fewer
+  /// parts (not part of its value): one payload parsed or encoded again and
+  /// again for runs of different part counts then stops allocating.
+  std::vector<P> spare;
+
+  /// Makes `parts` hold `count` parts, moving extra ones to `spare` and taking from it first.
+  void resize_parts(std::size_t count) {
+    while (parts.size() > count) {
+      spare.push_back(std::move(parts.back()));
+      parts.pop_back();
+    }
+    while (parts.size() < count) {
+      if (spare.empty()) {
+        parts.emplace_back();
+      } else {
+        parts.push_back(std::move(spare.back()));
+        spare.pop_back();
+      }
+    }
+  }
 
   std::uint64_t element_count() const noexcept { return length; }
   std::size_t body_size() const noexcept {
@@ -68,7 +88,7 @@ struct codec_group_payload {
     read_body_into(r, h, p);
     return p;
   }
-  /// read_body into `p`, keeping its parts' buffers (wire::parse_into). Each
+  /// read_body into `p`, keeping its parts' buffers (wire::parse_into, resize_parts). Each
   /// part is parsed by the member payload's own reader over exactly its
   /// body's bytes (the outer checksum covers them).
   static void read_body_into(wire::reader& r, const wire::header& h, codec_group_payload& p) {
@@ -82,7 +102,7 @@ struct codec_group_payload {
     if (count > r.remaining() / part_prefix_size)
       reader::fail(wire::wire_errc::truncated, "codec group payload: " + std::to_string(count) + " parts in " +
                                                    std::to_string(r.remaining()) + " bytes");
-    p.parts.resize(static_cast<std::size_t>(count));
+    p.resize_parts(static_cast<std::size_t>(count));
     std::uint64_t elements = 0;
     for (auto& part : p.parts) {
       wire::header ph;
@@ -201,7 +221,7 @@ class codec_group {
     out.offset = offset;
     out.length = segment.size();
     const auto [first, count] = members_of(offset, segment.size());
-    out.parts.resize(count);
+    out.resize_parts(count);
     for (std::size_t k = 0; k < count; ++k) {
       const auto [at, len] = part_of(first + k, offset, segment.size());
       ring_segmentation<C>::encode(*members_[first + k], at - offsets_[first + k],
