@@ -90,8 +90,8 @@ unit_tests() {
 stage_release() {
   local dir="$ci/release"
   # -O1 rather than CMake's Release default -O3: optimized code (inlined
-  # kernels, NDEBUG) for about a third of the compile time, which is most of
-  # this stage on 2 cores. The mixed-ISA ABI units build at -O2 regardless
+  # kernels, NDEBUG) for about half -O2's compile time on a lone compile
+  # (less with two jobs at once), which is most of this stage on 2 cores. The mixed-ISA ABI units build at -O2 regardless
   # (tests/abi). The benches' figures come from bench/run_all, which builds at
   # -O3 in a directory of its own.
   local options=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"

@@ -17,6 +17,10 @@
 /// | library         | schedules/library.hpp           | the library's | the library's                  |
 /// | direct          | schedules/direct.hpp            | 2             | 2(N-1)/N, N-1 messages at once |
 ///
+/// Several buckets' LinearCodecs summed in one compressed all-reduce:
+/// codec_group (schedules/codec_group.hpp), a LinearCodec over their
+/// concatenated vectors.
+///
 /// Every schedule leaves bit-identical values on every rank: each element
 /// is summed by one rank and its bits copied to the others. The cost model
 /// A driver: no codec header; codecs are seen through the concepts.
