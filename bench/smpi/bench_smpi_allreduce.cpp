@@ -228,10 +228,11 @@ struct codec_runner final : runner {
   }
 };
 
-/// GradiVeQ over every compressible bucket at once: the buckets' codecs (one
-/// each, made once, as codec_runner's) as one codec_group, so one compressed
-/// Rabenseifner runs every bucket's steps together; the dense buckets as one
-/// dense Rabenseifner over their run of the buffer.
+/// GradiVeQ over runs of consecutive compressible buckets (at most
+/// --group-floats each): the buckets' codecs (one each, made once, as
+/// codec_runner's) of a run as one codec_group, so one compressed
+/// Rabenseifner runs the run's steps together; the dense buckets in runs of
+/// the same cap, one dense Rabenseifner each.
 template <class C>
 struct grouped_runner final : runner {
   context& c;
@@ -624,12 +625,8 @@ int main(int argc, char** argv) {
   }
   const method& m = *found;
   const auto layout = gradient_buckets(spec, m.compressed_layout);
-  std::size_t total = 0, compressible = 0;
-  for (const auto& b : layout) {
-    total += b.elements;
-    if (b.compressible) compressible += b.elements;
-  }
   gradient_buffer g(layout);
+  const std::size_t total = g.arena.size(), compressible = g.compressible.size();
   auto r = m.make(c, layout);
 
   double best = 1e300;

@@ -251,21 +251,22 @@ class codec_group {
   }
   /// Eq. 4 member by member: `from` summed into `into` (the same run).
   void accumulate(payload_type& into, const payload_type& from) const {
-    check_payload(into, "codec_group::accumulate (into)");
+    const std::size_t first = check_payload(into, "codec_group::accumulate (into)");
     check_payload(from, "codec_group::accumulate (from)");
-    if (into.offset != from.offset || into.length != from.length)
+    if (into.offset != from.offset)
       throw size_mismatch_error("codec_group::accumulate: payloads of different runs (offset)",
                                 static_cast<std::size_t>(into.offset), static_cast<std::size_t>(from.offset));
-    const std::size_t first = members_of(static_cast<std::size_t>(into.offset), static_cast<std::size_t>(into.length)).first;
+    if (into.length != from.length)
+      throw size_mismatch_error("codec_group::accumulate: payloads of different runs (length)",
+                                static_cast<std::size_t>(into.length), static_cast<std::size_t>(from.length));
     for (std::size_t k = 0; k < into.parts.size(); ++k) members_[first + k]->accumulate(into.parts[k], from.parts[k]);
   }
   /// Eq. 5 member by member into `out` (the run's length).
   void decode(const payload_type& p, std::span<float> out) const {
-    check_payload(p, "codec_group::decode");
+    const std::size_t first = check_payload(p, "codec_group::decode");
     if (out.size() != p.length)
       throw size_mismatch_error("codec_group::decode: output length", static_cast<std::size_t>(p.length), out.size());
     const auto offset = static_cast<std::size_t>(p.offset);
-    const std::size_t first = members_of(offset, out.size()).first;
     for (std::size_t k = 0; k < p.parts.size(); ++k) {
       const auto [at, len] = part_of(first + k, offset, out.size());
       members_[first + k]->decode(p.parts[k], out.subspan(at - offset, len));
@@ -303,8 +304,9 @@ class codec_group {
     return {at, std::min(offset + n, offsets_[i + 1]) - at};
   }
   /// A (received) payload must describe a run of this group with one part
-  /// per member it overlaps, each of that member's part's length.
-  void check_payload(const payload_type& p, const char* who) const {
+  /// per member it overlaps, each of that member's part's length. Returns
+  /// the first member the run overlaps.
+  std::size_t check_payload(const payload_type& p, const char* who) const {
     require_members(who);
     if (p.offset > length() || p.length > length() - p.offset)
       throw size_mismatch_error(std::string(who) + ": payload run beyond the group's length", length(),
@@ -319,6 +321,7 @@ class codec_group {
         throw size_mismatch_error(std::string(who) + ": member " + std::to_string(first + k) + "'s part length", len,
                                   static_cast<std::size_t>(p.parts[k].element_count()));
     }
+    return first;
   }
 };
 
