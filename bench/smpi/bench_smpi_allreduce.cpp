@@ -14,7 +14,8 @@
 // A step = one collective per bucket, one bucket after the other (the
 // *_grouped methods: one collective per run of consecutive buckets of at most
 // --group-floats, 64 MiB by default, the codecs of a run as one
-// codec_group). The buckets are views of one buffer, the compressible ones
+// codec_group; *_mixed_grouped: the dense buckets in the same groups, as
+// codec_group<GradiVeQ, dense>). The buckets are views of one buffer, the compressible ones
 // first. Every rank rebuilds its gradient before each run (outside the timed
 // region); a run is timed from a barrier to the slowest rank's end
 // (MPI_Wtime: simulated time), one warm-up run then `repeats` timed runs, the
@@ -34,6 +35,7 @@
 // or as a codec method (a per-bucket state made once, then one call per step).
 #include <mpi.h>
 
+#include <gradcomp/dense.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/half.hpp>
 #include <gradcomp/homomorphic.hpp>
@@ -265,6 +267,52 @@ struct grouped_runner final : runner {
   }
 };
 
+/// GradiVeQ and dense buckets together: every bucket of the buffer (the
+/// compressible ones first, then the dense ones) in runs of consecutive
+/// buckets of at most --group-floats, each run one codec_group<C, dense> on
+/// the compressed Rabenseifner, so the dense buckets' transfers overlap the
+/// GradiVeQ buckets' encodes and decodes instead of running after them.
+template <class C>
+struct mixed_runner final : runner {
+  using dense = gradcomp::dense_codec<policy>;
+  context& c;
+  std::vector<std::unique_ptr<C>> codecs;
+  std::vector<std::unique_ptr<dense>> plain;
+  std::vector<gradcomp::codec_group<C, dense>> groups;
+  std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) of the arena
+  mixed_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<C>(context&, std::size_t)>& make)
+      : c(cx) {
+    std::vector<const bucket*> order;  // the arena's order: compressible first
+    for (const auto& b : layout)
+      if (b.compressible) order.push_back(&b);
+    for (const auto& b : layout)
+      if (!b.compressible) order.push_back(&b);
+    std::vector<std::size_t> lengths;
+    for (const bucket* b : order) lengths.push_back(b->elements);
+    runs = bucket_runs(lengths, c.group_floats);
+    std::size_t i = 0;
+    for (const auto& [begin, end] : runs) {
+      groups.emplace_back();
+      for (std::size_t at = begin; at < end; at += order[i++]->elements) {
+        if (order[i]->compressible) {
+          codecs.push_back(make(c, order[i]->elements));
+          groups.back().add(*codecs.back(), order[i]->elements);
+        } else {
+          plain.push_back(std::make_unique<dense>());
+          groups.back().add(*plain.back(), order[i]->elements);
+        }
+      }
+    }
+  }
+  void step(gradient_buffer& g) override {
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      note(c, gradcomp::allreduce_linear(policy{}, c.transport, groups[i],
+                                         std::span<float>(g.arena).subspan(runs[i].first, runs[i].second - runs[i].first),
+                                         {.kind = gradcomp::schedule_kind::rabenseifner, .chunk_elements = c.chunk,
+                                          .max_chunks = c.max_chunks, .workspace = &c.workspace}));
+  }
+};
+
 /// The grouped GradiVeQ method's dense counterpart: consecutive buckets in
 /// runs of at most --group-floats, one all-reduce `fn` per run.
 struct whole_runner final : runner {
@@ -380,6 +428,10 @@ const std::vector<method>& methods() {
     m.push_back({"gc_gradiveq_rabenseifner_grouped", "gradiveq", "rabenseifner_grouped", true,
                  [](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
                    return std::make_unique<grouped_runner<gradiveq_codec>>(c, layout, make_gradiveq);
+                 }});
+    m.push_back({"gc_gradiveq_rabenseifner_mixed_grouped", "gradiveq", "rabenseifner_mixed_grouped", true,
+                 [](context& c, const std::vector<bucket>& layout) -> std::unique_ptr<runner> {
+                   return std::make_unique<mixed_runner<gradiveq_codec>>(c, layout, make_gradiveq);
                  }});
     m.push_back(codec_method<gradiveq_codec>(
         "gc_gradiveq_hierarchical", "gradiveq", "hierarchical", make_gradiveq,

@@ -49,6 +49,13 @@ class dense_codec {
   }
   /// Exact serialized bytes: 32 header + 4 per element.
   [[nodiscard]] std::size_t encoded_bytes(const payload_type& p) const { return wire::serialized_size(p); }
+  /// Body bytes of the payload of `length` elements, known before encoding
+  /// (ring_segmentation::knows_body_size: the compressed schedules then post
+  /// exact receives, e.g. for dense buckets in a codec_group beside GradiVeQ
+  /// ones). `offset` does not matter: the codec has no segments.
+  [[nodiscard]] std::size_t segment_body_size(std::size_t /*offset*/, std::size_t length) const noexcept {
+    return length * sizeof(float);
+  }
 };
 
 // The concepts dense_codec claims: linear (payloads add), decodes into a

@@ -50,6 +50,7 @@ void for_each_payload_type(F&& f) {
   f.template operator()<qsgd_payload>();
   f.template operator()<gradiveq_payload>();
   f.template operator()<codec_group_payload<gradiveq_payload>>();
+  f.template operator()<codec_group_payload<gradiveq_payload, dense_payload>>();
   f.template operator()<ps_control>();
 }
 

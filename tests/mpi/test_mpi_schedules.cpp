@@ -10,6 +10,7 @@
 // a late peer does not spin a core yet honours its deadline.
 #include <doctest/doctest.h>
 
+#include <gradcomp/dense.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/model_exchange.hpp>
 #include <gradcomp/ring_allreduce.hpp>
@@ -188,6 +189,33 @@ TEST_CASE("mpi schedules: two GradiVeQ buckets as one codec_group on Rabenseifne
   const vec ra = compressed_domain_sum(ca, xa), rb = compressed_domain_sum(cb, xb);
   CHECK(rel_error(std::span<const float>(whole).first(a.length), ra) < 1e-5);
   CHECK(rel_error(std::span<const float>(whole).subspan(a.length), rb) < 1e-5);
+}
+
+TEST_CASE("mpi schedules: GradiVeQ and dense buckets as one codec_group on Rabenseifner: each bucket's sum, exact receives, whole or in pieces") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const low_rank_layer a(16, 3, 16 * (2 * std::size_t(n) + 1) + 5, 180 + std::uint64_t(n));
+  auto ca = fitted_codec(a, static_cast<std::size_t>(n));
+  const std::vector<vec> xa = rank_samples(a, n, 6100);
+  const std::size_t dense_length = 700;
+  std::vector<vec> xd;
+  for (int k = 0; k < n; ++k) xd.push_back(counter_gaussian(dense_length, 500 + std::uint64_t(k)));
+  gradcomp::dense_codec<> plain;
+  codec_group<linear_compressor<>, gradcomp::dense_codec<>> group;  // dense knows its sizes: exact receives
+  group.add(plain, dense_length);
+  group.add(ca, a.length);
+  vec mine = xd[std::size_t(r)];
+  mine.insert(mine.end(), xa[std::size_t(r)].begin(), xa[std::size_t(r)].end());
+  vec whole = mine, pieces = mine;
+  allreduce_linear(t, group, std::span<float>(whole), {.kind = schedule_kind::rabenseifner, .chunk_elements = 0});
+  allreduce_linear(t, group, std::span<float>(pieces), {.kind = schedule_kind::rabenseifner, .chunk_elements = 16});
+  CHECK(same_on_every_rank(whole));
+  CHECK(pieces == whole);
+  vec dense_sum(dense_length, 0.0f);
+  for (const auto& v : xd)
+    for (std::size_t i = 0; i < dense_length; ++i) dense_sum[i] += v[i];
+  CHECK(rel_error(std::span<const float>(whole).first(dense_length), dense_sum) < 1e-5);
+  CHECK(rel_error(std::span<const float>(whole).subspan(dense_length), compressed_domain_sum(ca, xa)) < 1e-5);
 }
 
 TEST_CASE("mpi schedules: the library capability sums words modulo 2^32 and takes the max") {

@@ -234,16 +234,44 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner with a workspace kept across call
     }
 }
 
-TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner; mean") {
-  for (int n : {3, 4, 6}) {
-    const auto x = inputs(n, 333, 9);
+namespace {
+/// dense_codec without segment_body_size: the compressed Rabenseifner's path
+/// for codecs that do not know their payload sizes (length messages).
+struct unsized_dense_codec : gradcomp::dense_codec<> {
+  void segment_body_size() = delete;
+};
+}  // namespace
+
+TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner; mean; with and without known sizes") {
+  static_assert(gradcomp::ring_segmentation<gradcomp::dense_codec<>>::knows_body_size);
+  static_assert(!gradcomp::ring_segmentation<unsized_dense_codec>::knows_body_size);
+  auto run = [](auto codec, int n, bool zero_copy, const std::vector<vec>& x) {
     std::vector<vec> lin = x;
     run_workers(n, [&](inproc_endpoint& ep) {
-      gradcomp::dense_codec<> c;
-      gradcomp::rabenseifner_allreduce_linear(ep, c, lin[std::size_t(ep.rank())], {.average = true});
+      auto c = codec;
+      const schedule_options o{.average = true, .chunk_elements = 64};
+      if (zero_copy) {
+        auto z = ep.zero_copy();
+        gradcomp::rabenseifner_allreduce_linear(z, c, lin[std::size_t(ep.rank())], o);
+      } else {
+        gradcomp::rabenseifner_allreduce_linear(ep, c, lin[std::size_t(ep.rank())], o);
+      }
     });
+    return lin;
+  };
+  for (int n : {3, 4, 6}) {
+    CAPTURE(n);
+    const auto x = inputs(n, 333 * 8, 9);
     const auto dense = run_schedule(n, x, {.kind = schedule_kind::rabenseifner, .average = true});
-    for (int r = 0; r < n; ++r) CHECK(bit_equal(lin[std::size_t(r)], dense[0]));
+    for (bool zero_copy : {false, true}) {
+      CAPTURE(zero_copy);
+      const auto sized = run(gradcomp::dense_codec<>{}, n, zero_copy, x);
+      const auto unsized = run(unsized_dense_codec{}, n, zero_copy, x);
+      for (int r = 0; r < n; ++r) {
+        CHECK(bit_equal(sized[std::size_t(r)], dense[0]));
+        CHECK(bit_equal(unsized[std::size_t(r)], dense[0]));
+      }
+    }
   }
 }
 
@@ -353,7 +381,7 @@ TEST_CASE("schedules: GradiVeQ on Rabenseifner sends every halving step in piece
   // doubling half above two chunks goes as two messages. chunk_elements = 0
   // keeps one message each. Every cut sums each block in the same order.
   static_assert(gradcomp::ring_segmentation<gradcomp::linear_compressor<>>::knows_body_size);
-  static_assert(!gradcomp::ring_segmentation<gradcomp::dense_codec<>>::knows_body_size);
+  static_assert(!gradcomp::ring_segmentation<unsized_dense_codec>::knows_body_size);
   for (int n : {2, 3, 4, 5, 6, 8}) {
     CAPTURE(n);
     const std::size_t K = 16;

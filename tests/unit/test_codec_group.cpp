@@ -6,6 +6,7 @@
 // its wire format; its errors.
 #include <doctest/doctest.h>
 
+#include <gradcomp/dense.hpp>
 #include <gradcomp/gradiveq.hpp>
 #include <gradcomp/half.hpp>
 #include <gradcomp/ring_allreduce.hpp>
@@ -216,9 +217,15 @@ TEST_CASE("codec_group: the payload's wire format round-trips; truncated or lyin
     reseal(m);
     return m;
   };
+  // Body: offset (0), part count (8), then the first part's codec id (16)
+  // and element count (24).
   CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(lie(8, 1u << 30)), gradcomp::wire::wire_error);
-  CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(lie(16, x.size() + 1)), gradcomp::wire::wire_error);
+  CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(lie(24, x.size() + 1)), gradcomp::wire::wire_error);
   CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(lie(8, 2)), gradcomp::wire::wire_error);
+  // A part of a codec this payload type does not hold (dense's id in a GradiVeQ group's payload).
+  CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(
+                      lie(16, static_cast<std::uint64_t>(gradcomp::wire::codec_id::dense))),
+                  gradcomp::wire::wire_error);
 }
 
 TEST_CASE("codec_group: bad members and payloads of another run are typed errors") {
@@ -253,4 +260,183 @@ TEST_CASE("codec_group: bad members and payloads of another run are typed errors
   out.resize(n01);
   CHECK_THROWS_AS(g.decode(broken, out), gradcomp::size_mismatch_error);
   CHECK_THROWS_AS(g.encode_segment(n01 - 16, std::span<const float>(x).first(32), front), gradcomp::size_mismatch_error);
+}
+
+namespace {
+
+using dense = gradcomp::dense_codec<>;
+using mixed_group = codec_group<gradiveq, dense>;
+static_assert(gradcomp::LinearCodec<mixed_group>);
+static_assert(gradcomp::KnowsBodySize<mixed_group>);  // dense knows its sizes: exact receives over MPI
+
+/// GradiVeQ's three buckets with dense buckets between and after them (the
+/// fc layer and the norms of a model): G0, D0, G1, G2, D1.
+struct mixed_buckets {
+  three_buckets g;
+  std::size_t dense_lengths[2];
+  std::vector<std::vector<vec>> d;  // d[dense bucket][rank]
+  mixed_buckets(int n, std::uint64_t seed) : g(n, seed), dense_lengths{1000, 37} {
+    for (std::size_t k = 0; k < 2; ++k) {
+      d.emplace_back();
+      for (int r = 0; r < n; ++r) d.back().push_back(counter_gaussian(dense_lengths[k], seed * 31 + 7 * k + std::uint64_t(r)));
+    }
+  }
+  /// Rank r's vector in the group's order.
+  vec concatenated(int r) const {
+    vec out;
+    auto append = [&](const vec& v) { out.insert(out.end(), v.begin(), v.end()); };
+    append(g.x[0][std::size_t(r)]);
+    append(d[0][std::size_t(r)]);
+    append(g.x[1][std::size_t(r)]);
+    append(g.x[2][std::size_t(r)]);
+    append(d[1][std::size_t(r)]);
+    return out;
+  }
+  /// The group over this rank's codecs, in the vector's order.
+  mixed_group group_of(std::vector<gradiveq>& mine, std::vector<dense>& plain) const {
+    mixed_group m;
+    m.add(mine[0], mine[0].layer_length());
+    m.add(plain[0], dense_lengths[0]);
+    m.add(mine[1], mine[1].layer_length());
+    m.add(mine[2], mine[2].layer_length());
+    m.add(plain[1], dense_lengths[1]);
+    return m;
+  }
+  /// The largest relative error of each bucket's part of `result`: a
+  /// GradiVeQ bucket against its compressed-domain sum, a dense one against
+  /// its float sum (in double).
+  double worst_bucket_error(const vec& result) const {
+    double worst = 0;
+    std::size_t at = 0;
+    auto check = [&](const vec& want) {
+      worst = std::max(worst, rel_error(std::span<const float>(result).subspan(at, want.size()), want));
+      at += want.size();
+    };
+    auto dense_sum = [&](std::size_t k) {
+      std::vector<double> acc(dense_lengths[k], 0.0);
+      for (const auto& v : d[k])
+        for (std::size_t i = 0; i < v.size(); ++i) acc[i] += v[i];
+      return vec(acc.begin(), acc.end());
+    };
+    check(compressed_domain_sum(g.codecs[0], g.x[0]));
+    check(dense_sum(0));
+    check(compressed_domain_sum(g.codecs[1], g.x[1]));
+    check(compressed_domain_sum(g.codecs[2], g.x[2]));
+    check(dense_sum(1));
+    return worst;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("codec_group of GradiVeQ and dense buckets: each bucket's sum, the same bits on every rank, schedule face and cut, N = 2-8") {
+  for (int n : {2, 3, 4, 5, 8}) {
+    CAPTURE(n);
+    const mixed_buckets b(n, 300 + std::uint64_t(n));
+    auto run = [&](bool zero_copy, schedule_options o) {
+      std::vector<vec> out;
+      for (int r = 0; r < n; ++r) out.push_back(b.concatenated(r));
+      run_workers(n, [&](inproc_endpoint& ep) {
+        auto mine = b.g.codecs;
+        std::vector<dense> plain(2);
+        auto group = b.group_of(mine, plain);
+        auto& v = out[std::size_t(ep.rank())];
+        if (zero_copy) {
+          auto z = ep.zero_copy();
+          gradcomp::allreduce_linear(z, group, v, o);
+        } else {
+          gradcomp::allreduce_linear(ep, group, v, o);
+        }
+      }, {.recv_timeout = 60s});
+      return out;
+    };
+    const auto whole = run(false, {.kind = schedule_kind::rabenseifner, .chunk_elements = 0});
+    for (int r = 0; r < n; ++r) CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
+    CHECK(b.worst_bucket_error(whole[0]) < 1e-5);
+    for (bool zc : {false, true}) {
+      CAPTURE(zc);
+      const auto cut = run(zc, {.kind = schedule_kind::rabenseifner, .chunk_elements = 1});
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(cut[std::size_t(r)], whole[0]));
+    }
+    for (schedule_kind kind : {schedule_kind::ring, schedule_kind::hierarchical}) {
+      const auto other = run(false, {.kind = kind, .group_size = n % 2 == 0 ? 2 : n});
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(other[std::size_t(r)], other[0]));
+      CHECK(b.worst_bucket_error(other[0]) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("codec_group of GradiVeQ and dense buckets: exact body sizes, the wire round trip, parts of the wrong codec") {
+  const mixed_buckets b(3, 77);
+  auto mine = b.g.codecs;
+  std::vector<dense> plain(2);
+  const auto group = b.group_of(mine, plain);
+  const vec x = b.concatenated(2);
+  for (std::size_t parts : {std::size_t(1), std::size_t(3), std::size_t(7)}) {
+    const auto bounds = group.segment_bounds(parts);
+    for (std::size_t j = 0; j + 1 < bounds.size(); ++j) {
+      mixed_group::payload_type p;
+      group.encode_segment(bounds[j], std::span<const float>(x).subspan(bounds[j], bounds[j + 1] - bounds[j]), p);
+      CHECK(p.body_size() == group.segment_body_size(bounds[j], bounds[j + 1] - bounds[j]));
+    }
+  }
+  mixed_group::payload_type p;
+  group.encode_segment(0, x, p);
+  REQUIRE(p.parts.size() == 5);
+  CHECK(std::holds_alternative<gradcomp::dense_payload>(p.parts[1]));
+  const auto bytes = gradcomp::wire::serialize(p);
+  auto back = gradcomp::wire::parse<mixed_group::payload_type>(bytes);
+  CHECK(gradcomp::wire::serialize(back) == bytes);
+  vec a(x.size()), c(x.size());
+  group.decode(p, a);
+  group.decode(back, c);
+  CHECK(bit_equal(a, c));
+  // The dense parts carry the floats themselves.
+  const std::size_t d0 = group.offsets()[1];
+  CHECK(bit_equal(std::span<const float>(a).subspan(d0, 1000), std::span<const float>(x).subspan(d0, 1000)));
+  // Parsing into a payload that held other parts keeps working (spare parts of each type).
+  gradcomp::wire::parse_into(bytes, back);
+  CHECK(gradcomp::wire::serialize(back) == bytes);
+  // A payload whose part is another codec's than its member's is a typed error.
+  auto swapped = p;
+  swapped.parts[1] = gradcomp::gradiveq_payload{};
+  CHECK_THROWS_AS(group.decode(swapped, a), gradcomp::invalid_argument_error);
+  CHECK_THROWS_AS(group.accumulate(swapped, p), gradcomp::invalid_argument_error);
+  // A GradiVeQ group's payload type cannot parse a dense part.
+  CHECK_THROWS_AS(gradcomp::wire::parse<gradiveq_group::payload_type>(bytes), gradcomp::wire::wire_error);
+  // member<M>() of the wrong type.
+  CHECK(&group.member<dense>(1) == &plain[0]);
+  CHECK_THROWS_AS(group.member<dense>(0), gradcomp::invalid_argument_error);
+}
+
+TEST_CASE("codec_group of GradiVeQ and dense buckets: N is checked on the GradiVeQ members only") {
+  const mixed_buckets b(3, 91);
+  // GradiVeQ members fitted for 3 ranks on 4: rejected before any transfer.
+  std::vector<vec> x(4, b.concatenated(0));
+  CHECK_THROWS_AS(run_workers(4, [&](inproc_endpoint& ep) {
+    auto mine = b.g.codecs;
+    std::vector<dense> plain(2);
+    auto group = b.group_of(mine, plain);
+    gradcomp::allreduce_linear(ep, group, x[std::size_t(ep.rank())], {.kind = schedule_kind::rabenseifner});
+  }), gradcomp::invalid_argument_error);
+  // Dense members only: no N to check, any number of ranks.
+  std::vector<vec> y(4);
+  for (int r = 0; r < 4; ++r) y[std::size_t(r)] = counter_gaussian(500, 40 + std::uint64_t(r));
+  vec want(500, 0.0f);
+  run_workers(4, [&](inproc_endpoint& ep) {
+    std::vector<dense> plain(2);
+    mixed_group group;
+    group.add(plain[0], 200);
+    group.add(plain[1], 300);
+    gradcomp::allreduce_linear(ep, group, y[std::size_t(ep.rank())], {.kind = schedule_kind::rabenseifner});
+  }, {.recv_timeout = 60s});
+  for (int r = 1; r < 4; ++r) CHECK(bit_equal(y[std::size_t(r)], y[0]));
+  // Two GradiVeQ members configured for different N cannot join one group, dense between them or not.
+  auto mine = b.g.codecs;
+  auto other_n = fitted_codec(b.g.layers[1], 5);
+  dense plain;
+  mixed_group g;
+  g.add(mine[0], mine[0].layer_length());
+  g.add(plain, 10);
+  CHECK_THROWS_AS(g.add(other_n, other_n.layer_length()), gradcomp::invalid_argument_error);
 }

@@ -176,11 +176,15 @@ inline std::vector<std::size_t> ring_checked_bounds(std::vector<std::size_t> b, 
 
 /// Throws invalid_argument_error when a codec that knows how many payloads
 /// its aggregate sums (GradiVeQ's N of eq. 3) was configured for another N.
+/// A codec with `check_summands(n, who)` checks itself (codec_group: each
+/// member that has an N).
 template <class C>
 void ring_check_summands(const C& codec, int n, const char* who) {
-  if constexpr (requires(const C& c) {
-                  { c.summands() } -> std::convertible_to<std::size_t>;
-                }) {
+  if constexpr (requires(const C& c) { c.check_summands(std::size_t{}, who); }) {
+    codec.check_summands(static_cast<std::size_t>(n), who);
+  } else if constexpr (requires(const C& c) {
+                         { c.summands() } -> std::convertible_to<std::size_t>;
+                       }) {
     if (static_cast<std::size_t>(codec.summands()) != static_cast<std::size_t>(n))
       throw invalid_argument_error(std::string(who) + ": the codec is configured for " +
                                    std::to_string(codec.summands()) + " summands but the ring has " +
