@@ -380,6 +380,19 @@ TEST_CASE("codec_group of GradiVeQ and dense buckets: exact body sizes, the wire
       CHECK(p.body_size() == group.segment_body_size(bounds[j], bounds[j + 1] - bounds[j]));
     }
   }
+  // The bounds cut the payload bytes, not the elements, near equal parts:
+  // each segment within a GradiVeQ slice's or a few dense elements' bytes
+  // of its share (a dense element is 8 GradiVeQ ones' bytes here).
+  {
+    const std::size_t parts = 6;
+    const auto bounds = group.segment_bounds(parts);
+    const double total = double(group.segment_body_size(0, group.length()));
+    for (std::size_t j = 0; j + 1 < bounds.size(); ++j) {
+      CAPTURE(j);
+      const double bytes = double(group.segment_body_size(bounds[j], bounds[j + 1] - bounds[j]));
+      CHECK(std::abs(bytes - total / double(parts)) < 0.25 * total / double(parts));
+    }
+  }
   mixed_group::payload_type p;
   group.encode_segment(0, x, p);
   REQUIRE(p.parts.size() == 5);

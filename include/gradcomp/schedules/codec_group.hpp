@@ -284,24 +284,36 @@ class codec_group {
                                    " ranks (set_summands(N))");
   }
 
-  /// `parts` + 1 offsets from 0 to length(): the cut nearest each j/parts of
-  /// the vector at or below it that starts a granule of the member holding
-  /// it (a member's start where it has no granules), never decreasing.
+  /// `parts` + 1 offsets from 0 to length(), never decreasing: the cut at
+  /// or below each j/parts of the group's payload bytes (where every member
+  /// type knows its body sizes; else of its elements) that starts a granule
+  /// of the member holding it (a member's start where it has no granules).
+  /// Cutting by bytes balances the wire: a dense member carries 8 times the
+  /// bytes per element of a GradiVeQ one at K/d = 8, and a schedule's
+  /// blocks of equal elements would make the ranks owning the dense part
+  /// receive it at every halving step. Every rank encodes and decodes its
+  /// whole vector whatever the cuts, so the codecs' work stays balanced.
   std::vector<std::size_t> segment_bounds(std::size_t parts) const {
     if (parts == 0) throw invalid_argument_error("codec_group: segment_bounds needs at least one part");
     require_members("codec_group::segment_bounds");
+    // weight[i]: where member i begins in the group's weight (bytes, or elements).
+    std::vector<double> weight(members_.size() + 1, 0.0);
+    for (std::size_t i = 0; i < members_.size(); ++i) weight[i + 1] = weight[i] + member_weight(i);
     std::vector<std::size_t> b(parts + 1, 0);
-    const std::size_t n = length();
     for (std::size_t j = 1; j < parts; ++j) {
-      const std::size_t target = n / parts * j + n % parts * j / parts;  // floor(n j / parts), no overflow
-      const std::size_t i = member_at(target);
-      const std::size_t local = target - offsets_[i];
+      const double target = weight.back() * static_cast<double>(j) / static_cast<double>(parts);
+      const std::size_t i = std::min<std::size_t>(
+          static_cast<std::size_t>(std::upper_bound(weight.begin(), weight.end(), target) - weight.begin()) - 1,
+          members_.size() - 1);
+      const std::size_t len = offsets_[i + 1] - offsets_[i];
+      const double share = weight[i + 1] > weight[i] ? (target - weight[i]) / (weight[i + 1] - weight[i]) : 0.0;
+      const std::size_t local = std::min(len, static_cast<std::size_t>(share * static_cast<double>(len)));
       const std::size_t g = std::visit(
           [](auto* m) { return ring_segmentation<std::remove_pointer_t<decltype(m)>>::granularity(*m); }, members_[i]);
       const std::size_t cut = offsets_[i] + (g == 0 ? 0 : local / g * g);
       b[j] = std::max(b[j - 1], cut);
     }
-    b[parts] = n;
+    b[parts] = length();
     return b;
   }
 
@@ -392,6 +404,18 @@ class codec_group {
   std::vector<std::size_t> offsets_{0};
   std::optional<std::size_t> summands_;  // the N of the members that have one (all alike)
 
+  /// Member i's share of the group for segment_bounds: its payload's body
+  /// bytes where every member type knows them, else its element count.
+  double member_weight(std::size_t i) const {
+    const std::size_t len = offsets_[i + 1] - offsets_[i];
+    if constexpr ((KnowsBodySize<Cs> && ...)) {
+      return static_cast<double>(std::visit(
+          [len](auto* m) { return ring_segmentation<std::remove_pointer_t<decltype(m)>>::body_size(*m, 0, len); },
+          members_[i]));
+    } else {
+      return static_cast<double>(len);
+    }
+  }
   void require_members(const char* who) const {
     if (members_.empty()) throw state_error(std::string(who) + ": the group has no members (add() them first)");
   }
