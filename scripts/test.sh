@@ -4,12 +4,16 @@
 # build directory under $GRADCOMP_CI_DIR (default build-ci/):
 #
 #   release    Release build of everything (tests, benches, examples; Thrust and
-#              MPI components on), then the whole ctest suite: unit tests, MPI
-#              tests under mpirun, standalone-header check, consumer and
-#              packaging tests (install/build-tree/add_subdirectory/FetchContent,
-#              Conan recipe, vcpkg port)
+#              MPI components on), the unit tests built with
+#              -fsanitize=address,undefined (GRADCOMP_TEST_SANITIZERS), then the
+#              whole ctest suite: unit tests under ASan+UBSan, MPI tests under
+#              mpirun, standalone-header check, consumer and packaging tests
+#              (install/build-tree/add_subdirectory/FetchContent, Conan recipe,
+#              vcpkg port)
 #   quickstart runs the Release build's examples/quickstart (the main job)
-#   asan       Debug build with -fsanitize=address,undefined, every unit test
+#   asan       (not in the default run: the release stage already runs every unit
+#              test under ASan+UBSan) Debug build, unoptimized, with
+#              -fsanitize=address,undefined, every unit test
 #   tsan       -fsanitize=thread build of the transport, ring and driver tests
 #   fuzz       clang libFuzzer build of fuzz/ (ASan+UBSan), each fuzzer run for
 #              $GRADCOMP_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/<name>
@@ -34,7 +38,7 @@ root="$(pwd)"
 jobs="${GRADCOMP_JOBS:-2}"
 ci="${GRADCOMP_CI_DIR:-$root/build-ci}"
 fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
-all_stages=(release quickstart asan tsan fuzz python)
+all_stages=(release quickstart tsan fuzz python)   # the default run; asan on request
 # Ninja builds the several targets of one `cmake --build --target a b c` in
 # parallel (CMake's Makefiles build them one after the other).
 generator=()
@@ -48,10 +52,10 @@ stages=()
 for arg in "$@"; do
   case "$arg" in
     quick) stages+=(release) ;;
-    all) stages+=("${all_stages[@]}") ;;
+    all) stages+=("${all_stages[@]}") ;;   # the default run (asan is extra: name it)
     release|quickstart|asan|tsan|fuzz|python) stages+=("$arg") ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    *) echo "test.sh: unknown stage '$arg' (stages: ${all_stages[*]} quick all)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$arg' (stages: release quickstart asan tsan fuzz python quick all)" >&2; exit 2 ;;
   esac
 done
 [ "${#stages[@]}" -eq 0 ] && stages=("${all_stages[@]}")
@@ -96,7 +100,10 @@ stage_release() {
   # -O3 in a directory of its own.
   local options=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
                  "-DCMAKE_CUDA_FLAGS_RELEASE=-O1 -DNDEBUG"
-                 -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=ON -DGRADCOMP_BUILD_EXAMPLES=ON)
+                 -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=ON -DGRADCOMP_BUILD_EXAMPLES=ON
+                 # The unit tests (only they) optimized and sanitized: one build
+                 # of them instead of this one plus an unoptimized ASan one.
+                 -DGRADCOMP_TEST_SANITIZERS=address,undefined)
   if ! cmake "${generator[@]}" -S . -B "$dir" "${options[@]}" -DGRADCOMP_WITH_THRUST=ON -DGRADCOMP_WITH_MPI=ON; then
     echo "test.sh: configuring with GRADCOMP_WITH_THRUST=ON GRADCOMP_WITH_MPI=ON failed; retrying without them" >&2
     rm -rf "$dir"
