@@ -85,7 +85,35 @@ struct three_buckets {
     for (auto& c : mine) g.add(c, c.layer_length());
     return g;
   }
+  /// f(group) with a group over this rank's own copies of the codecs.
+  template <class F>
+  void with_group(F&& f) const {
+    auto mine = codecs;
+    auto g = group_of(mine);
+    f(g);
+  }
 };
+
+/// Every rank's concatenated gradient of fixture `b` all-reduced through its
+/// group (b.with_group) by allreduce_linear with `o`, over the moving face or
+/// the zero-copy one; each rank's result.
+template <class Fixture>
+std::vector<vec> allreduce_groups(const Fixture& b, int n, bool zero_copy, schedule_options o) {
+  std::vector<vec> out;
+  for (int r = 0; r < n; ++r) out.push_back(b.concatenated(r));
+  run_workers(n, [&](inproc_endpoint& ep) {
+    b.with_group([&](auto& group) {
+      auto& v = out[std::size_t(ep.rank())];
+      if (zero_copy) {
+        auto z = ep.zero_copy();
+        gradcomp::allreduce_linear(z, group, v, o);
+      } else {
+        gradcomp::allreduce_linear(ep, group, v, o);
+      }
+    });
+  }, {.recv_timeout = 60s});
+  return out;
+}
 
 }  // namespace
 
@@ -93,22 +121,7 @@ TEST_CASE("codec_group: GradiVeQ buckets on Rabenseifner: each bucket's compress
   for (int n : {2, 3, 4, 5, 6, 8}) {
     CAPTURE(n);
     const three_buckets b(n, 70 + std::uint64_t(n));
-    auto run_face = [&](bool zero_copy, schedule_options o) {
-      std::vector<vec> out;
-      for (int r = 0; r < n; ++r) out.push_back(b.concatenated(r));
-      run_workers(n, [&](inproc_endpoint& ep) {
-        auto mine = b.codecs;
-        auto group = three_buckets::group_of(mine);
-        auto& v = out[std::size_t(ep.rank())];
-        if (zero_copy) {
-          auto z = ep.zero_copy();
-          gradcomp::allreduce_linear(z, group, v, o);
-        } else {
-          gradcomp::allreduce_linear(ep, group, v, o);
-        }
-      }, {.recv_timeout = 60s});
-      return out;
-    };
+    auto run_face = [&](bool zero_copy, schedule_options o) { return allreduce_groups(b, n, zero_copy, o); };
     const auto whole = run_face(false, {.kind = schedule_kind::rabenseifner, .chunk_elements = 0});
     for (int r = 0; r < n; ++r) CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
     CHECK(b.worst_bucket_error(whole[0]) < 1e-5);
@@ -126,13 +139,7 @@ TEST_CASE("codec_group: the ring and the hierarchical ring give each bucket its 
     CAPTURE(n);
     const three_buckets b(n, 120 + std::uint64_t(n));
     for (schedule_kind kind : {schedule_kind::ring, schedule_kind::hierarchical}) {
-      std::vector<vec> out;
-      for (int r = 0; r < n; ++r) out.push_back(b.concatenated(r));
-      run_workers(n, [&](inproc_endpoint& ep) {
-        auto mine = b.codecs;
-        auto group = three_buckets::group_of(mine);
-        gradcomp::allreduce_linear(ep, group, out[std::size_t(ep.rank())], {.kind = kind, .group_size = n % 2 == 0 ? 2 : n});
-      }, {.recv_timeout = 60s});
+      const auto out = allreduce_groups(b, n, false, {.kind = kind, .group_size = n % 2 == 0 ? 2 : n});
       for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
       CHECK(b.worst_bucket_error(out[0]) < 1e-5);
     }
@@ -292,6 +299,14 @@ struct mixed_buckets {
     append(d[1][std::size_t(r)]);
     return out;
   }
+  /// f(group) with a group over this rank's own codecs.
+  template <class F>
+  void with_group(F&& f) const {
+    auto mine = g.codecs;
+    std::vector<dense> plain(2);
+    auto group = group_of(mine, plain);
+    f(group);
+  }
   /// The group over this rank's codecs, in the vector's order.
   mixed_group group_of(std::vector<gradiveq>& mine, std::vector<dense>& plain) const {
     mixed_group m;
@@ -333,23 +348,7 @@ TEST_CASE("codec_group of GradiVeQ and dense buckets: each bucket's sum, the sam
   for (int n : {2, 3, 4, 5, 8}) {
     CAPTURE(n);
     const mixed_buckets b(n, 300 + std::uint64_t(n));
-    auto run = [&](bool zero_copy, schedule_options o) {
-      std::vector<vec> out;
-      for (int r = 0; r < n; ++r) out.push_back(b.concatenated(r));
-      run_workers(n, [&](inproc_endpoint& ep) {
-        auto mine = b.g.codecs;
-        std::vector<dense> plain(2);
-        auto group = b.group_of(mine, plain);
-        auto& v = out[std::size_t(ep.rank())];
-        if (zero_copy) {
-          auto z = ep.zero_copy();
-          gradcomp::allreduce_linear(z, group, v, o);
-        } else {
-          gradcomp::allreduce_linear(ep, group, v, o);
-        }
-      }, {.recv_timeout = 60s});
-      return out;
-    };
+    auto run = [&](bool zero_copy, schedule_options o) { return allreduce_groups(b, n, zero_copy, o); };
     const auto whole = run(false, {.kind = schedule_kind::rabenseifner, .chunk_elements = 0});
     for (int r = 0; r < n; ++r) CHECK(bit_equal(whole[std::size_t(r)], whole[0]));
     CHECK(b.worst_bucket_error(whole[0]) < 1e-5);
