@@ -4,16 +4,14 @@
 # build directory under $GRADCOMP_CI_DIR (default build-ci/):
 #
 #   release    Release build of everything (tests, benches, examples; Thrust and
-#              MPI components on), the unit tests built with
-#              -fsanitize=address,undefined (GRADCOMP_TEST_SANITIZERS), then the
-#              whole ctest suite: unit tests under ASan+UBSan, MPI tests under
-#              mpirun, standalone-header check, consumer and packaging tests
+#              MPI components on; -O1), the unit tests built once, unoptimized,
+#              with -fsanitize=address,undefined (GRADCOMP_TEST_SANITIZERS), then
+#              the whole ctest suite: unit tests under ASan+UBSan, their
+#              optimized instruction-set variants, MPI tests under mpirun,
+#              standalone-header check, consumer and packaging tests
 #              (install/build-tree/add_subdirectory/FetchContent, Conan recipe,
 #              vcpkg port)
 #   quickstart runs the Release build's examples/quickstart (the main job)
-#   asan       (not in the default run: the release stage already runs every unit
-#              test under ASan+UBSan) Debug build, unoptimized, with
-#              -fsanitize=address,undefined, every unit test
 #   tsan       -fsanitize=thread build of the transport, ring and driver tests
 #   fuzz       clang libFuzzer build of fuzz/ (ASan+UBSan), each fuzzer run for
 #              $GRADCOMP_FUZZ_SECONDS (default 60) on a copy of fuzz/corpus/<name>
@@ -25,7 +23,7 @@
 #
 #   bash scripts/test.sh                 every stage
 #   bash scripts/test.sh quick           the release stage only
-#   bash scripts/test.sh asan tsan       just those stages (any of the names above)
+#   bash scripts/test.sh tsan fuzz       just those stages (any of the names above)
 #   GRADCOMP_SKIP_DEPS=1 bash scripts/test.sh ...   do not call install-deps.sh
 #
 # Every stage runs even when an earlier one failed; the exit status is non-zero
@@ -38,7 +36,7 @@ root="$(pwd)"
 jobs="${GRADCOMP_JOBS:-2}"
 ci="${GRADCOMP_CI_DIR:-$root/build-ci}"
 fuzz_seconds="${GRADCOMP_FUZZ_SECONDS:-60}"
-all_stages=(release quickstart tsan fuzz python)   # the default run; asan on request
+all_stages=(release quickstart tsan fuzz python)
 # Ninja builds the several targets of one `cmake --build --target a b c` in
 # parallel (CMake's Makefiles build them one after the other).
 generator=()
@@ -52,10 +50,12 @@ stages=()
 for arg in "$@"; do
   case "$arg" in
     quick) stages+=(release) ;;
-    all) stages+=("${all_stages[@]}") ;;   # the default run (asan is extra: name it)
-    release|quickstart|asan|tsan|fuzz|python) stages+=("$arg") ;;
+    all) stages+=("${all_stages[@]}") ;;
+    release|quickstart|tsan|fuzz|python) stages+=("$arg") ;;
+    asan) echo "test.sh: the asan stage is part of the release stage now (its unit tests run under ASan+UBSan)" >&2
+          stages+=(release) ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    *) echo "test.sh: unknown stage '$arg' (stages: release quickstart asan tsan fuzz python quick all)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$arg' (stages: ${all_stages[*]} quick all)" >&2; exit 2 ;;
   esac
 done
 [ "${#stages[@]}" -eq 0 ] && stages=("${all_stages[@]}")
@@ -101,8 +101,9 @@ stage_release() {
   local options=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
                  "-DCMAKE_CUDA_FLAGS_RELEASE=-O1 -DNDEBUG"
                  -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=ON -DGRADCOMP_BUILD_EXAMPLES=ON
-                 # The unit tests (only they) optimized and sanitized: one build
-                 # of them instead of this one plus an unoptimized ASan one.
+                 # The unit tests (only they) unoptimized and sanitized
+                 # (tests/CMakeLists.txt): one build of them, not this stage's
+                 # plus a separate ASan build.
                  -DGRADCOMP_TEST_SANITIZERS=address,undefined)
   if ! cmake "${generator[@]}" -S . -B "$dir" "${options[@]}" -DGRADCOMP_WITH_THRUST=ON -DGRADCOMP_WITH_MPI=ON; then
     echo "test.sh: configuring with GRADCOMP_WITH_THRUST=ON GRADCOMP_WITH_MPI=ON failed; retrying without them" >&2
@@ -137,27 +138,6 @@ stage_quickstart() {
   fi
   cmake --build "$dir" --target quickstart -j "$jobs" || return 1
   "$dir/examples/quickstart"
-}
-
-stage_asan() {
-  local dir="$ci/asan"
-  local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-  # -g1 (line tables only) keeps file:line in the sanitizers' stack traces for
-  # about 0.88x the compile time of full debug information.
-  cmake "${generator[@]}" -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-    -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_BENCH=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF \
-    -DGRADCOMP_WITH_THRUST=OFF -DGRADCOMP_WITH_MPI=OFF || return 1
-  local targets
-  mapfile -t targets < <(unit_tests)
-  [ "${#targets[@]}" -gt 0 ] || { echo "test.sh: no unit tests found"; return 1; }
-  local build_status=0
-  cmake --build "$dir" -j "$jobs" --target "${targets[@]}" "${keep_going[@]}" || build_status=1
-  ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1" \
-  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    run_ctest "$dir" -L unit
-  local ctest_status=$?
-  [ "$build_status" -eq 0 ] || { stage_note="BUILD FAILED"; return 1; }
-  return "$ctest_status"
 }
 
 # ThreadSanitizer needs a memory layout some kernels' ASLR settings break
