@@ -308,8 +308,7 @@ class codec_group {
       const std::size_t len = offsets_[i + 1] - offsets_[i];
       const double share = weight[i + 1] > weight[i] ? (target - weight[i]) / (weight[i + 1] - weight[i]) : 0.0;
       const std::size_t local = std::min(len, static_cast<std::size_t>(share * static_cast<double>(len)));
-      const std::size_t g = std::visit(
-          [](auto* m) { return ring_segmentation<std::remove_pointer_t<decltype(m)>>::granularity(*m); }, members_[i]);
+      const std::size_t g = granularity_of(i);
       const std::size_t cut = offsets_[i] + (g == 0 ? 0 : local / g * g);
       b[j] = std::max(b[j - 1], cut);
     }
@@ -329,8 +328,7 @@ class codec_group {
       const std::size_t i = first + k;  // (clang 14 lambdas cannot capture structured bindings)
       const auto [at, len] = part_of(i, offset, segment.size());
       std::visit(
-          [&, i, at = at, len = len](auto* m) {
-            using M = std::remove_pointer_t<decltype(m)>;
+          [&, i, at = at, len = len]<class M>(M* m) {
             ring_segmentation<M>::encode(*m, at - offsets_[i], segment.subspan(at - offset, len),
                                          out.template set_part<typename M::payload_type>(k));
           },
@@ -354,12 +352,7 @@ class codec_group {
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t i = first + k;
       const auto [at, len] = part_of(i, offset, n);
-      s += payload_type::part_prefix_size +
-           std::visit(
-               [&, i, at = at, len = len](auto* m) {
-                 return ring_segmentation<std::remove_pointer_t<decltype(m)>>::body_size(*m, at - offsets_[i], len);
-               },
-               members_[i]);
+      s += payload_type::part_prefix_size + body_size_of(i, at - offsets_[i], len);
     }
     return s;
   }
@@ -375,8 +368,8 @@ class codec_group {
                                 static_cast<std::size_t>(into.length), static_cast<std::size_t>(from.length));
     for (std::size_t k = 0; k < into.parts.size(); ++k)
       std::visit(
-          [&](auto* m) {
-            using P = typename std::remove_pointer_t<decltype(m)>::payload_type;
+          [&]<class M>(M* m) {
+            using P = typename M::payload_type;
             m->accumulate(std::get<P>(into.parts[k]), std::get<P>(from.parts[k]));
           },
           members_[first + k]);
@@ -390,8 +383,8 @@ class codec_group {
     for (std::size_t k = 0; k < p.parts.size(); ++k) {
       const auto [at, len] = part_of(first + k, offset, out.size());
       std::visit(
-          [&, at = at, len = len](auto* m) {
-            using P = typename std::remove_pointer_t<decltype(m)>::payload_type;
+          [&, at = at, len = len]<class M>(M* m) {
+            using P = typename M::payload_type;
             m->decode(std::get<P>(p.parts[k]), out.subspan(at - offset, len));
           },
           members_[first + k]);
@@ -409,12 +402,20 @@ class codec_group {
   double member_weight(std::size_t i) const {
     const std::size_t len = offsets_[i + 1] - offsets_[i];
     if constexpr ((KnowsBodySize<Cs> && ...)) {
-      return static_cast<double>(std::visit(
-          [len](auto* m) { return ring_segmentation<std::remove_pointer_t<decltype(m)>>::body_size(*m, 0, len); },
-          members_[i]));
+      return static_cast<double>(body_size_of(i, 0, len));
     } else {
       return static_cast<double>(len);
     }
+  }
+  /// Member i's granule (ring_segmentation::granularity).
+  std::size_t granularity_of(std::size_t i) const {
+    return std::visit([]<class M>(M* m) { return ring_segmentation<M>::granularity(*m); }, members_[i]);
+  }
+  /// Body bytes of member i's payload for its elements [offset, offset + n) (ring_segmentation::body_size).
+  std::size_t body_size_of(std::size_t i, std::size_t offset, std::size_t n) const
+    requires(KnowsBodySize<Cs> && ...)
+  {
+    return std::visit([&]<class M>(M* m) { return ring_segmentation<M>::body_size(*m, offset, n); }, members_[i]);
   }
   void require_members(const char* who) const {
     if (members_.empty()) throw state_error(std::string(who) + ": the group has no members (add() them first)");
