@@ -165,9 +165,20 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   note(c, st);
 }
 
+/// The buckets in the order the gradient buffer lays them out: the
+/// compressible ones first, then the dense ones, each kind in the layout's order.
+std::vector<const bucket*> arena_order(const std::vector<bucket>& layout) {
+  std::vector<const bucket*> order;
+  for (const auto& b : layout)
+    if (b.compressible) order.push_back(&b);
+  for (const auto& b : layout)
+    if (!b.compressible) order.push_back(&b);
+  return order;
+}
+
 /// A gradient's buckets as views of one buffer: the compressible buckets
 /// first, one after the other (a grouped method's codec_group covers them as
-/// one vector), then the dense ones. `buckets` follows the layout's order.
+/// one vector), then the dense ones (arena_order). `buckets` follows the layout's order.
 struct gradient_buffer {
   std::vector<float> arena;
   std::vector<std::span<float>> buckets;
@@ -282,11 +293,7 @@ struct mixed_runner final : runner {
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) of the arena
   mixed_runner(context& cx, const std::vector<bucket>& layout, const std::function<std::unique_ptr<C>(context&, std::size_t)>& make)
       : c(cx) {
-    std::vector<const bucket*> order;  // the arena's order: compressible first
-    for (const auto& b : layout)
-      if (b.compressible) order.push_back(&b);
-    for (const auto& b : layout)
-      if (!b.compressible) order.push_back(&b);
+    const std::vector<const bucket*> order = arena_order(layout);
     std::vector<std::size_t> lengths;
     for (const bucket* b : order) lengths.push_back(b->elements);
     runs = bucket_runs(lengths, c.group_floats);
