@@ -23,6 +23,7 @@ from ._core import (  # noqa: F401
     TransportError,
     WireError,
 )
+from ._core import isa, isa_variants  # noqa: F401  (the instruction-set variant running: docs/python.md)
 
 __version__ = "0.1.0"
 
@@ -32,5 +33,5 @@ CODECS = ("dense", "gradiveq", "two_bit", "qsgd", "top_k", "fp16", "bf16", "homo
 __all__ = [
     "BucketLayer", "CODECS", "Error", "ExchangeFailure", "InvalidArgument", "LayoutError", "ModelDescription",
     "NonFinite", "OptionMismatch", "Plan", "Round", "SizeMismatch", "StateError", "TimeoutError", "TransportError",
-    "WireError",
+    "WireError", "isa", "isa_variants",
 ]

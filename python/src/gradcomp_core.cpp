@@ -3,6 +3,10 @@
 // gradients as float32 buffers (numpy arrays, or torch's tensor.numpy()
 // views); it does not link libtorch, so one build serves every torch version.
 // C++ errors become the gradcomp.Error hierarchy (docs/python.md).
+//
+// The wheel builds this file once per instruction-set variant (python/CMakeLists.txt):
+// GRADCOMP_PY_MODULE names the module (_core_generic, _core_x86_64_v3, ...), and
+// gradcomp/_core.py imports the best one the CPU runs as gradcomp._core.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -352,7 +356,12 @@ using u8array = nb::ndarray<const std::uint8_t, nb::c_contig, nb::device::cpu>;
 
 #include "ddp_buckets.hpp"
 
-NB_MODULE(_core, m) {
+#ifndef GRADCOMP_PY_MODULE
+#define GRADCOMP_PY_MODULE _core_generic
+#endif
+// One level of indirection: NB_MODULE pastes its argument, which would not expand the macro.
+#define GRADCOMP_NB_MODULE(name, m) NB_MODULE(name, m)
+GRADCOMP_NB_MODULE(GRADCOMP_PY_MODULE, m) {
   m.doc() = "gradcomp's bucket layer (the whole-model exchange without a transport), on float32 buffers";
   // How this module was built (python/CMakeLists.txt): whether the layers run xsimd
   // kernels, and the ABI tag (the instruction sets the compiler could use).

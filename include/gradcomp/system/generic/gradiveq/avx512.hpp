@@ -182,6 +182,12 @@ inline void expand_block16(const float* y, std::size_t s, std::size_t d, const f
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) acc[r][b] = _mm512_setzero_ps();
   for (std::size_t j = 0; j < d; ++j) {
+    if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: four 64-byte lines (avx2.hpp)
+      GRADCOMP_GRADIVEQ_UNROLL
+      for (int b = 0; b < 4; ++b)
+        _mm_prefetch(reinterpret_cast<const char*>(u + j * k + c + 64 * expand_prefetch_blocks + 16 * std::size_t(b)),
+                     _MM_HINT_T0);
+    }
     __m512 v[CB];
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) {
