@@ -94,6 +94,36 @@ int main(int argc, char** argv) {
     }
   }
 
+  // For information: the memory system's ceiling. Every core copies its own
+  // 64 MB at once (best of 5): the aggregate rate against one core's. Any
+  // in-process all-reduce of the 4 vectors reads each once and writes each
+  // once (4 x 128 MB, non-temporal at best) where the memcpy moves 128 MB, so
+  // with all cores streaming it reaches at most (128 / 512) x aggregate /
+  // one core of the memcpy's rate; the wavefront ring moves about 176 MB per
+  // worker (docs/performance.md), so its own ceiling is 128 / 704 of that.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  double all_cores = 1e300;
+  {
+    std::vector<std::vector<char>> src(cores, std::vector<char>(bytes, 1)), dst(cores, std::vector<char>(bytes, 0));
+    std::barrier go(static_cast<std::ptrdiff_t>(cores));
+    std::vector<double> took(cores);
+    for (int i = 0; i < repeats + 1; ++i) {
+      std::vector<std::thread> copiers;
+      for (unsigned c = 0; c < cores; ++c)
+        copiers.emplace_back([&, c] {
+          go.arrive_and_wait();
+          const auto t0 = gb::clock::now();
+          std::memcpy(dst[c].data(), src[c].data(), bytes);
+          gb::do_not_optimize(dst[c][bytes / 2]);
+          took[c] = std::chrono::duration<double>(gb::clock::now() - t0).count();
+        });
+      for (auto& t : copiers) t.join();
+      if (i > 0) all_cores = std::min(all_cores, *std::max_element(took.begin(), took.end()));
+    }
+  }
+  const double aggregate = double(cores) * double(bytes) / all_cores / 1e9;  // GB copied per second, all cores
+  const double scaling = aggregate / memcpy;
+
   std::printf("\n  %-34s %10.3f ms\n", "ring all-reduce (best of 5)", t_ring * 1e3);
   std::printf("  %-34s %10.1f MB per worker per all-reduce (2(N-1)/N of the vector)\n", "bytes sent", double(sent) / (1 << 20));
   gb::row("  ring algorithm bandwidth", ring_gbps, "GB/s", memcpy, "memcpy GB/s");
@@ -104,6 +134,12 @@ int main(int argc, char** argv) {
   std::printf("  %-34s %10.3f ms  (CPU-time ratio on %u cores: memcpy / (ring CPU / cores) = %.3f)\n",
               "memcpy CPU time", memcpy_cpu * 1e3, std::max(1u, std::thread::hardware_concurrency()),
               memcpy_cpu / (ring_cpu / double(std::max(1u, std::thread::hardware_concurrency()))));
+
+  std::printf("  %-34s %10.3f GB/s  (%u cores copying at once: %.2f x one core)\n", "memcpy, all cores", aggregate,
+              cores, scaling);
+  std::printf("  %-34s %10.3f      (any in-process all-reduce: 128/512 x %.2f; the wavefront ring's traffic: "
+              "128/704 x %.2f = %.3f)\n",
+              "ceiling of the RESULT ratio", 0.25 * scaling, scaling, scaling, 128.0 / 704.0 * scaling);
 
   // Sanity: every element is 4^(runs) / 1024 on every rank.
   bool ok = true;
