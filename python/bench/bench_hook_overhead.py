@@ -193,7 +193,8 @@ def gradiveq_phases_worker(rank, world, args):
     model = small_resnet()
     ddp = DDP(model)
     warm, lt, lc = args.gradiveq_schedule
-    state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, small="dense", small_below=0, seed=1,
+    cap = {"max_dimension": args.gradiveq_max_dimension} if args.gradiveq_max_dimension else {}
+    state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, **cap, small="dense", small_below=0, seed=1,
                              warmup_iterations=warm, sampling_iterations=lt, compressed_iterations=lc,
                              options={"fallback": "dense"})
     ddp.register_comm_hook(state, gt.hook)
@@ -363,6 +364,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hooks", default=",".join(HOOKS))
     ap.add_argument("--gradiveq-schedule", default="5,150,100", help="gradiveq-phases: warm-up,L_t,L_c")
+    ap.add_argument("--gradiveq-max-dimension", type=int, default=0,
+                    help="gradiveq-phases: cap on each layer's d (GradiVeQState max_dimension; 0: none)")
     args = ap.parse_args()
     args.gradiveq_schedule = tuple(int(x) for x in args.gradiveq_schedule.split(","))
     args.hooks = [h for h in args.hooks.split(",") if h]

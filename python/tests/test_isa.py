@@ -64,7 +64,9 @@ def test_the_imported_variant_is_the_selected_one():
 
 
 _STEP = r"""
-import hashlib, json, numpy as np, gradcomp
+import hashlib, json, sys, numpy as np, gradcomp
+sys.path.insert(0, TESTS)
+from test_core import _reduce_as  # the process group's reduction of a round's cells
 m = gradcomp.ModelDescription()
 m.add_conv("conv", 16, 8, 3, 3).add_dense("fc", 5000).add_dense("bias", 8, 1)
 out = {"isa": gradcomp.isa, "abi": gradcomp._core.abi_tag}
@@ -84,10 +86,7 @@ for codec in ("dense", "qsgd", "homomorphic", "gradiveq"):
                 for layer in layers:
                     layer.complete_round([r.payload for r in rs])
                 continue
-            cells = [r.buffer for r in rs]
-            total = (cells[0].view(np.int32) + cells[1].view(np.int32)).view(np.float32) \
-                if rs[0].element == "int32_words" else (cells[0] + cells[1] if rs[0].op == "sum"
-                                                        else np.maximum(cells[0], cells[1]))
+            total = _reduce_as(rs[0].element, rs[0].op, [r.buffer for r in rs])
             for r in rs:
                 r.buffer[:] = total
             for layer in layers:
@@ -111,7 +110,8 @@ def test_every_variant_this_cpu_runs_trains_alike():
     results = []
     for v in runnable:
         env = dict(os.environ, GRADCOMP_ISA=v)
-        done = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True, text=True, timeout=300)
+        script = _STEP.replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__))))
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         r = json.loads(done.stdout.strip().splitlines()[-1])
         assert r["isa"] == v
