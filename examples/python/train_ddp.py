@@ -90,11 +90,13 @@ GRADCOMP_HOOKS = ["gradcomp_dense", "gradcomp_gradiveq", "gradcomp_qsgd", "gradc
 BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: Variants of a codec beyond examples/train's configuration, run only when named in --hooks: QSGD
 #: scaled by each bucket's max |value| instead of its l2 norm (same bytes; docs/codecs.md), and
-#: gradiveq_plus whose L_t QSGD sampler is scaled so, and that recipe with each layer's d capped at 64
-#: (GradiVeQState max_dimension: the basis, its products and its fit about 7x smaller on the wide layers).
-VARIANT_HOOKS = ["gradcomp_qsgd_max", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d64"]
+#: gradiveq_plus whose L_t QSGD sampler is scaled so, and that recipe with each layer's d capped at 128
+#: or 64 (GradiVeQState max_dimension: the wide layers' bases, their products and fit 3.5x or 7x smaller).
+VARIANT_HOOKS = ["gradcomp_qsgd_max", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d128",
+                 "gradcomp_gradiveq_max_d64"]
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
-GRADIVEQ_HOOKS = ("gradcomp_gradiveq", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d64")
+GRADIVEQ_HOOKS = ("gradcomp_gradiveq", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d128",
+                  "gradcomp_gradiveq_max_d64")
 
 
 class Block(nn.Module):
@@ -158,12 +160,13 @@ FULL = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "epochs": 10, "warmup
 #: --full (float32 bytes of the whole gradient over the bytes produced; seed 1, or the mean of seeds 1-3
 #: for powersgd, fp16, bf16, homomorphic).
 RESULTS_MD_RATIO = {"gradcomp_dense": 1.00, "gradcomp_gradiveq": 4.48, "gradcomp_qsgd": 7.35, "gradcomp_qsgd_max": 7.35,
-                    "gradcomp_gradiveq_max": 4.48, "gradcomp_gradiveq_max_d64": 4.48,
+                    "gradcomp_gradiveq_max": 4.48, "gradcomp_gradiveq_max_d128": 4.48,
+                    "gradcomp_gradiveq_max_d64": 4.48,
                     "gradcomp_two_bit": 13.91, "gradcomp_top_k": 43.72, "gradcomp_powersgd": 9.22,
                     "gradcomp_fp16": 1.98, "gradcomp_bf16": 1.98, "gradcomp_homomorphic": 7.43}
 RESULTS_MD_CONFIG = {"gradcomp_dense": "baseline", "gradcomp_gradiveq": "gradiveq_plus", "gradcomp_qsgd": "qsgd4",
                      "gradcomp_qsgd_max": "qsgd4", "gradcomp_gradiveq_max": "gradiveq_plus",
-                     "gradcomp_gradiveq_max_d64": "gradiveq_plus",
+                     "gradcomp_gradiveq_max_d128": "gradiveq_plus", "gradcomp_gradiveq_max_d64": "gradiveq_plus",
                      "gradcomp_two_bit": "two_bit", "gradcomp_top_k": "topk", "gradcomp_powersgd": "powersgd",
                      "gradcomp_fp16": "fp16", "gradcomp_bf16": "bf16", "gradcomp_homomorphic": "homomorphic"}
 CSV_FIELDS = ["hook", "seed", "torch", "workers", "steps", "batch", "accuracy_percent", "bytes_per_step", "ratio",
@@ -205,9 +208,10 @@ def full_settings(name, args):
         "gradcomp_gradiveq_max": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t {args.gradiveq_sampling} "
                                  f"(QSGD 4-bit, max norm), L_c {args.gradiveq_compressed}, pooled 16 slices, "
                                  "lambda 0.01; conv only",
-        "gradcomp_gradiveq_max_d64": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t {args.gradiveq_sampling} "
-                                     f"(QSGD 4-bit, max norm), L_c {args.gradiveq_compressed}, pooled 16 slices, "
-                                     "lambda 0.01, d at most 64; conv only",
+        **{f"gradcomp_gradiveq_max_d{cap}": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t "
+                                            f"{args.gradiveq_sampling} (QSGD 4-bit, max norm), L_c "
+                                            f"{args.gradiveq_compressed}, pooled 16 slices, lambda 0.01, d at most "
+                                            f"{cap}; conv only" for cap in (128, 64)},
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -244,11 +248,11 @@ def make_hook(name, model, args):
     full = {"small": "dense", "small_below": 0, "seed": args.seed} if args.full else {}
     if codec == "dense":
         return gt.DenseState(model, **full), gt.hook, 0
-    if codec in ("gradiveq", "gradiveq_max", "gradiveq_max_d64"):
+    if codec.startswith("gradiveq"):
         warm, lt = args.gradiveq_warmup, args.gradiveq_sampling
         norm = {"sampling_qsgd_norm": "max"} if codec != "gradiveq" else {}
-        if codec == "gradiveq_max_d64":
-            norm["max_dimension"] = 64
+        if codec.startswith("gradiveq_max_d"):  # gradiveq_max_d<cap>
+            norm["max_dimension"] = int(codec[len("gradiveq_max_d"):])
         if args.full:  # gradiveq_plus; the 64 x 10 linear weight dense, as examples/train's plan
             state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, **full, **norm, warmup_iterations=warm,
                                      sampling_iterations=lt, compressed_iterations=args.gradiveq_compressed,
