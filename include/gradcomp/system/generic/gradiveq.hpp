@@ -34,8 +34,9 @@
 ///
 /// Instruction sets (compile time: -mavx2 -mfma, or -march=native): AVX2
 /// computes eq. 3 in blocks of 3-4 slices x 4 columns, eq. 5 in blocks of
-/// 3-4 slices x 32 columns (prefetching the basis two blocks ahead). AVX-512 (F, DQ, VL) keeps eq. 3's 8 lanes per
-/// column and puts two columns in one 512-bit register (blocks of 6 slices
+/// 3-4 slices x 32 columns (prefetching the basis two blocks ahead).
+/// AVX-512 (F, DQ, VL) keeps eq. 3's 8 lanes per column and puts two
+/// columns in one 512-bit register (blocks of 6 slices
 /// x 8 columns, over tiles of slices that share each block of the basis),
 /// and eq. 5 in blocks of 4 slices x 64 columns, streaming whole 64-byte
 /// lines at any output alignment (expand_line_stream).

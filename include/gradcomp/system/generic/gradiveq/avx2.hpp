@@ -54,6 +54,14 @@ inline constexpr int expand_block_rows = 3;
 /// -> 1.6-1.9 ms, AVX-512 1.6-2.0 -> 1.1-1.9 ms).
 inline constexpr std::size_t expand_prefetch_blocks = 2;
 
+/// Prefetches (into L1) the line `floats` past p. The address is formed as an
+/// integer: it may lie past the end of the basis, which a prefetch may touch
+/// (it never faults) but pointer arithmetic may not.
+inline void prefetch_floats_ahead(const float* p, std::size_t floats) noexcept {
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + floats * sizeof(float);
+  _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+}
+
 /// The lane sums of four accumulators, in lanes_sum's order: hadd pairs
 /// (a0+a1, a2+a3 | a4+a5, a6+a7), then pairs of pairs, then the two halves.
 inline __m128 lanes_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) noexcept {
@@ -106,8 +114,7 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const flo
   for (std::size_t j = 0; j < d; ++j) {
     const float* uj = u + j * k + c;
     if constexpr (CB == 4)  // two 64-byte lines: the block expand_prefetch_blocks ahead
-      for (std::size_t line = 0; line < 2; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(uj + 32 * expand_prefetch_blocks + 16 * line), _MM_HINT_T0);
+      for (std::size_t line = 0; line < 2; ++line) prefetch_floats_ahead(uj, 32 * expand_prefetch_blocks + 16 * line);
     // The R slices' coefficients first, then each basis vector once for all of them.
     __m256 yv[R];
     GRADCOMP_GRADIVEQ_UNROLL

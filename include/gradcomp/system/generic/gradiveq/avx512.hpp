@@ -184,9 +184,7 @@ inline void expand_block16(const float* y, std::size_t s, std::size_t d, const f
   for (std::size_t j = 0; j < d; ++j) {
     if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: four 64-byte lines (avx2.hpp)
       GRADCOMP_GRADIVEQ_UNROLL
-      for (int b = 0; b < 4; ++b)
-        _mm_prefetch(reinterpret_cast<const char*>(u + j * k + c + 64 * expand_prefetch_blocks + 16 * std::size_t(b)),
-                     _MM_HINT_T0);
+      for (int b = 0; b < 4; ++b) prefetch_floats_ahead(u + j * k + c, 64 * expand_prefetch_blocks + 16 * std::size_t(b));
     }
     __m512 v[CB];
     GRADCOMP_GRADIVEQ_UNROLL
