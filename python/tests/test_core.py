@@ -18,7 +18,8 @@ def _model():
 
 
 def _run_step(layers, grads):
-    """Drives the rounds of every rank's layer by hand (sum, max, all_gather)."""
+    """Drives the rounds of every rank's layer by hand (sum, max, all_gather), each round's cells reduced
+    as the process group reduces them (_reduce_as)."""
     for layer, g in zip(layers, grads):
         layer.begin_step(g)
     while True:
@@ -31,8 +32,7 @@ def _run_step(layers, grads):
             for layer in layers:
                 layer.complete_round(payloads)
         else:
-            total = np.sum([r.buffer for r in rounds], axis=0) if rounds[0].op == "sum" else \
-                np.max([r.buffer for r in rounds], axis=0)
+            total = _reduce_as(rounds[0].element, rounds[0].op, [r.buffer for r in rounds])
             for r in rounds:
                 r.buffer[:] = total
             for layer in layers:

@@ -66,7 +66,7 @@ def test_the_imported_variant_is_the_selected_one():
 _STEP = r"""
 import hashlib, json, sys, numpy as np, gradcomp
 sys.path.insert(0, TESTS)
-from test_core import _reduce_as  # the process group's reduction of a round's cells
+from test_core import _run_step  # every rank's rounds, reduced as the process group reduces them
 m = gradcomp.ModelDescription()
 m.add_conv("conv", 16, 8, 3, 3).add_dense("fc", 5000).add_dense("bias", 8, 1)
 out = {"isa": gradcomp.isa, "abi": gradcomp._core.abi_tag}
@@ -79,20 +79,7 @@ for codec in ("dense", "qsgd", "homomorphic", "gradiveq"):
     for step in range(4):
         grads = [[rng.standard_normal(n).astype(np.float32) for _, n, _ in m.layers] for _ in range(2)]
         want = [np.mean([g[i] for g in grads], axis=0) for i in range(3)]
-        for layer, g in zip(layers, grads):
-            layer.begin_step(g)
-        while (rs := [layer.next_round() for layer in layers])[0] is not None:
-            if rs[0].op == "all_gather":
-                for layer in layers:
-                    layer.complete_round([r.payload for r in rs])
-                continue
-            total = _reduce_as(rs[0].element, rs[0].op, [r.buffer for r in rs])
-            for r in rs:
-                r.buffer[:] = total
-            for layer in layers:
-                layer.complete_round()
-        for layer, g in zip(layers, grads):
-            layer.finish_step(g)
+        _run_step(layers, grads)
         assert all(np.array_equal(a, b) for a, b in zip(grads[0], grads[1])), codec  # both ranks alike
     out[codec] = {"sha": hashlib.sha256(b"".join(g.tobytes() for g in grads[0])).hexdigest(),
                   "err": max(float(np.max(np.abs(a - b))) for a, b in zip(grads[0], want))}
