@@ -94,7 +94,6 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
 }  // namespace gradiveq_kernel
 
 #undef GRADCOMP_GRADIVEQ_UNROLL
-#undef GRADCOMP_GRADIVEQ_IN_REGISTERS
 #undef GRADCOMP_GRADIVEQ_IN_REGISTER
 #undef GRADCOMP_GRADIVEQ_USE_REGISTER
 

@@ -20,15 +20,12 @@ namespace gradiveq_kernel {
 #endif
 #if defined(__GNUC__)
 #if defined(__AVX512VL__)
-#define GRADCOMP_GRADIVEQ_IN_REGISTERS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
 #define GRADCOMP_GRADIVEQ_IN_REGISTER(a) __asm__("" : "+v"(a))
 #define GRADCOMP_GRADIVEQ_USE_REGISTER(a) __asm__("" ::"v"(a))
 #else
-#define GRADCOMP_GRADIVEQ_IN_REGISTERS(a, b, c, d) __asm__("" : "+x"(a), "+x"(b), "+x"(c), "+x"(d))
 #define GRADCOMP_GRADIVEQ_IN_REGISTER(a) __asm__("" : "+x"(a))
 #endif
 #else
-#define GRADCOMP_GRADIVEQ_IN_REGISTERS(a, b, c, d) ((void)0)
 #define GRADCOMP_GRADIVEQ_IN_REGISTER(a) ((void)0)
 #endif
 #if !defined(GRADCOMP_GRADIVEQ_USE_REGISTER)
