@@ -24,17 +24,12 @@ import os
 #: Variants in the order ``auto`` prefers them (first supported and built wins).
 PREFERENCE = ("x86-64-v4", "x86-64-v3", "generic")
 
-#: The /proc/cpuinfo flags each x86-64 variant needs (the psABI's micro-architecture levels;
-#: the kernel lists a flag only when the OS also saves its registers). v2's are implied.
-REQUIRED_FLAGS = {
-    "generic": (),
-    "x86-64-v2": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"),
-    "x86-64-v3": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
-                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),
-    "x86-64-v4": ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3",
-                  "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave",
-                  "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
-}
+#: The /proc/cpuinfo flags each x86-64 variant needs (the psABI's micro-architecture levels, each
+#: level's on top of the one below; the kernel lists a flag only when the OS also saves its registers).
+_V2 = ("cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3")
+_V3 = _V2 + ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+REQUIRED_FLAGS = {"generic": (), "x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
 
 
 def _module_name(variant: str) -> str:
