@@ -92,11 +92,10 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: scaled by each bucket's max |value| instead of its l2 norm (same bytes; docs/codecs.md), and
 #: gradiveq_plus whose L_t QSGD sampler is scaled so, and that recipe with each layer's d capped at 128
 #: or 64 (GradiVeQState max_dimension: the wide layers' bases, their products and fit 3.5x or 7x smaller).
-VARIANT_HOOKS = ["gradcomp_qsgd_max", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d128",
-                 "gradcomp_gradiveq_max_d64"]
+GRADIVEQ_CAPS = (128, 64)
+VARIANT_HOOKS = ["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
-GRADIVEQ_HOOKS = ("gradcomp_gradiveq", "gradcomp_gradiveq_max", "gradcomp_gradiveq_max_d128",
-                  "gradcomp_gradiveq_max_d64")
+GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
 
 class Block(nn.Module):
@@ -159,14 +158,12 @@ FULL = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "epochs": 10, "warmup
 #: The whole-run ratios docs/results.md reports for each codec's examples/train configuration on
 #: --full (float32 bytes of the whole gradient over the bytes produced; seed 1, or the mean of seeds 1-3
 #: for powersgd, fp16, bf16, homomorphic).
-RESULTS_MD_RATIO = {"gradcomp_dense": 1.00, "gradcomp_gradiveq": 4.48, "gradcomp_qsgd": 7.35, "gradcomp_qsgd_max": 7.35,
-                    "gradcomp_gradiveq_max": 4.48, "gradcomp_gradiveq_max_d128": 4.48,
-                    "gradcomp_gradiveq_max_d64": 4.48,
+RESULTS_MD_RATIO = {"gradcomp_dense": 1.00, "gradcomp_qsgd": 7.35, "gradcomp_qsgd_max": 7.35,
+                    **{h: 4.48 for h in GRADIVEQ_HOOKS},
                     "gradcomp_two_bit": 13.91, "gradcomp_top_k": 43.72, "gradcomp_powersgd": 9.22,
                     "gradcomp_fp16": 1.98, "gradcomp_bf16": 1.98, "gradcomp_homomorphic": 7.43}
-RESULTS_MD_CONFIG = {"gradcomp_dense": "baseline", "gradcomp_gradiveq": "gradiveq_plus", "gradcomp_qsgd": "qsgd4",
-                     "gradcomp_qsgd_max": "qsgd4", "gradcomp_gradiveq_max": "gradiveq_plus",
-                     "gradcomp_gradiveq_max_d128": "gradiveq_plus", "gradcomp_gradiveq_max_d64": "gradiveq_plus",
+RESULTS_MD_CONFIG = {"gradcomp_dense": "baseline", "gradcomp_qsgd": "qsgd4", "gradcomp_qsgd_max": "qsgd4",
+                     **{h: "gradiveq_plus" for h in GRADIVEQ_HOOKS},
                      "gradcomp_two_bit": "two_bit", "gradcomp_top_k": "topk", "gradcomp_powersgd": "powersgd",
                      "gradcomp_fp16": "fp16", "gradcomp_bf16": "bf16", "gradcomp_homomorphic": "homomorphic"}
 CSV_FIELDS = ["hook", "seed", "torch", "workers", "steps", "batch", "accuracy_percent", "bytes_per_step", "ratio",
@@ -194,6 +191,8 @@ def optimizer_of(name, args):
 def full_settings(name, args):
     """One line naming the codec settings and optimiser of a --full training (the CSV's settings column)."""
     opt = "plain SGD at lr/(1-m)" if optimizer_of(name, args)[1] != 1.0 else "momentum SGD"
+    gradiveq_max = (f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t {args.gradiveq_sampling} (QSGD 4-bit, max "
+                    f"norm), L_c {args.gradiveq_compressed}, pooled 16 slices, lambda 0.01")
     return {
         "allreduce": "DDP's float32 all-reduce",
         "fp16": "PyTorch's fp16_compress_hook",
@@ -205,13 +204,8 @@ def full_settings(name, args):
                              f"(QSGD 4-bit), L_c {args.gradiveq_compressed}, pooled 16 slices, lambda 0.01; conv only",
         "gradcomp_qsgd": "QSGD 4 bits, buckets of 512; weights",
         "gradcomp_qsgd_max": "QSGD 4 bits, buckets of 512, max norm; weights",
-        "gradcomp_gradiveq_max": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t {args.gradiveq_sampling} "
-                                 f"(QSGD 4-bit, max norm), L_c {args.gradiveq_compressed}, pooled 16 slices, "
-                                 "lambda 0.01; conv only",
-        **{f"gradcomp_gradiveq_max_d{cap}": f"gradiveq_plus: warm-up {args.gradiveq_warmup}, L_t "
-                                            f"{args.gradiveq_sampling} (QSGD 4-bit, max norm), L_c "
-                                            f"{args.gradiveq_compressed}, pooled 16 slices, lambda 0.01, d at most "
-                                            f"{cap}; conv only" for cap in (128, 64)},
+        "gradcomp_gradiveq_max": f"{gradiveq_max}; conv only",
+        **{f"gradcomp_gradiveq_max_d{cap}": f"{gradiveq_max}, d at most {cap}; conv only" for cap in GRADIVEQ_CAPS},
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -545,10 +539,7 @@ def summary(args):
             print(f"RESULT torch_ddp_full_{h}_ratio{tag} {mean[h]['ratio']:.2f} x")
             if base and h != "allreduce" and complete(h) and complete("allreduce"):
                 print(f"RESULT torch_ddp_full_{h}_vs_allreduce {mean[h]['acc'] - base['acc']:+.2f} points")
-    if complete("gradcomp_gradiveq") and complete("powersgd"):
-        print(f"RESULT torch_ddp_full_gradiveq_vs_powersgd_equal_bytes "
-              f"{mean['gradcomp_gradiveq']['acc'] - mean['powersgd']['acc']:+.2f} points")
-    for gq in [h for h in GRADIVEQ_HOOKS[1:] if h in hooks]:
+    for gq in GRADIVEQ_HOOKS:
         if complete(gq) and complete("powersgd"):
             print(f"RESULT torch_ddp_full_{gq[len('gradcomp_'):]}_vs_powersgd_equal_bytes "
                   f"{mean[gq]['acc'] - mean['powersgd']['acc']:+.2f} points")
