@@ -39,7 +39,7 @@ int main() {
   }
   const std::size_t fc_length = 1000;
   auto fc_gradient = [](int rank) {
-    std::vector<float> g(1000);
+    std::vector<float> g(fc_length);
     for (std::size_t j = 0; j < g.size(); ++j) g[j] = float(j % 7) * 0.25f + float(rank);  // exact in float
     return g;
   };
