@@ -82,9 +82,9 @@ def select(requested: str = "auto", flags=None, built=None) -> str:
     return requested
 
 
-#: The variant imported in this process, and the ones installed.
-isa = select(os.environ.get("GRADCOMP_ISA", "auto"), cpu_flags())
+#: The variants installed, and the one imported in this process.
 isa_variants = built_variants()
+isa = select(os.environ.get("GRADCOMP_ISA", "auto"), cpu_flags(), isa_variants)
 
 _impl = importlib.import_module(f"{__package__}.{_module_name(isa)}")
 globals().update({k: v for k, v in vars(_impl).items() if not k.startswith("__")})
