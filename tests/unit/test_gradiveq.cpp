@@ -1016,3 +1016,52 @@ TEST_CASE("gradiveq: re-orthonormalisation keeps the leading directions (Cholesk
   CHECK(w(0, 0) == doctest::Approx(1.0));
   CHECK(std::abs(w(1, 1)) == doctest::Approx(1.0));
 }
+
+TEST_CASE("gradiveq: the Gram route orthonormalises in the G inner product, then checks in K space") {
+  const Eigen::Index R = 40, K = 300;
+  counter_rng g{9};
+  // Samples Xc (R x K), rows mixed so G = Xc Xc^T is far from diagonal, row scales over `decades`.
+  auto samples = [&](double decades) {
+    Eigen::MatrixXd graded(R, K);
+    for (Eigen::Index i = 0; i < R; ++i)
+      for (Eigen::Index j = 0; j < K; ++j) graded(i, j) = g.normal() * std::pow(10.0, -decades * double(i) / double(R));
+    return Eigen::MatrixXd(orthonormal(R, R, 10) * graded);
+  };
+  // reorthonormalise_in: T disturbed by 1e-6 becomes G-orthonormal, keeping its leading directions.
+  const Eigen::MatrixXd xc = samples(1.0);
+  Eigen::MatrixXd gram(R, R);
+  gram.setZero();
+  gram.selfadjointView<Eigen::Lower>().rankUpdate(xc);
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(gram);
+  Eigen::MatrixXd t = es.eigenvectors().rowwise().reverse();
+  for (Eigen::Index i = 0; i < R; ++i) t.col(i) = t.col(i) / std::sqrt(es.eigenvalues()(R - 1 - i));
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] *= 1.0 + 1e-6 * g.normal();
+  const Eigen::MatrixXd before = t;
+  const Eigen::MatrixXd identity = Eigen::MatrixXd::Identity(R, R);
+  CHECK((before.transpose() * gram.selfadjointView<Eigen::Lower>() * before - identity).cwiseAbs().maxCoeff() > 1e-7);
+  REQUIRE(detail::reorthonormalise_in(gram, t));
+  CHECK((t.transpose() * gram.selfadjointView<Eigen::Lower>() * t - identity).cwiseAbs().maxCoeff() < 1e-12);
+  for (Eigen::Index j = 0; j < R; j += 7) {
+    const Eigen::MatrixXd head = before.leftCols(j + 1);
+    const Eigen::VectorXd coef = head.colPivHouseholderQr().solve(t.col(j));
+    CHECK((head * coef - t.col(j)).norm() < 1e-8 * t.col(j).norm());
+  }
+  // Eigenvalues over 10 decades: T^T G T cannot resolve the small ones'
+  // orthogonality (about 1e-7 off), so vectors() corrects G's image in K space.
+  const Eigen::MatrixXf wide = samples(5.0).cast<float>();
+  Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rows = wide;
+  const detail::pca_decomposition pca(rows.data(), R, K, pca_solver::gram);
+  const Eigen::MatrixXd v = pca.vectors(pca.available());
+  REQUIRE(v.cols() >= R - 2);
+  CHECK((v.transpose() * v - Eigen::MatrixXd::Identity(v.cols(), v.cols())).cwiseAbs().maxCoeff() < 2e-10);
+  // A G under which two columns of T are parallel has no Cholesky factor: reported.
+  const Eigen::MatrixXd flat = Eigen::MatrixXd::Identity(3, 3);
+  Eigen::MatrixXd twins(3, 2);
+  twins << 1, 1, 0, 0, 0, 0;
+  CHECK_FALSE(detail::reorthonormalise_in(flat, twins));
+  // With a tolerance, reorthonormalise leaves already orthonormal columns as they are.
+  Eigen::MatrixXd q = orthonormal(50, 6, 3);
+  const Eigen::MatrixXd q0 = q;
+  detail::reorthonormalise(q, 1e-10);
+  CHECK(q == q0);
+}
