@@ -367,6 +367,7 @@ def worker(rank, world, port, name, args, data, queue):
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr * lr_mult, momentum=momentum, weight_decay=wd)
         times = []
         loss_sum, loss_n = 0.0, 0
+        eq7_sum, eq7_n = 0.0, 0  # GradiVeQ: this rank's eq. 7 relative loss, summed over its L_c steps
         per_epoch = (len(train_y) // world) // args.batch
         t_start = time.perf_counter()
         for step, idx in enumerate(shard_batches(args, len(train_y), rank)):
@@ -379,6 +380,11 @@ def worker(rank, world, port, name, args, data, queue):
             loss.backward()
             opt.step()
             times.append(time.perf_counter() - t0)
+            if hasattr(state, "compression_loss"):
+                report = state.compression_loss()
+                if report:
+                    eq7_sum += sum(v[0] for v in report.values()) / sum(v[1] for v in report.values())
+                    eq7_n += 1
             loss_sum += loss.item()
             loss_n += 1
             if rank == 0 and args.progress and (step + 1) % args.progress == 0:
@@ -396,6 +402,9 @@ def worker(rank, world, port, name, args, data, queue):
                       digest=digest)
         if rank == 0 or not args.full:  # --full: rank 0's replica (every rank's weights are compared)
             result["accuracy"] = evaluate(model, test_x, test_y, args.eval)
+        if rank == 0 and eq7_n:
+            print(f"  {name}: mean eq. 7 relative loss in L_c {eq7_sum / eq7_n:.3f} over {eq7_n} steps (rank 0: "
+                  "the share of its gradient's energy the basis left out)", flush=True)
         if name.startswith("gradcomp_"):
             result["bytes_per_step"] = state.stats["bytes_sent"] / args.steps
             result["hook_ms"] = 1000 * state.overhead()["own"] / args.steps  # encode, decode, Python; no waits

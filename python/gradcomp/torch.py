@@ -45,7 +45,7 @@ How a DDP bucket is exchanged:
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -394,6 +394,15 @@ class GradiVeQState(CompressionState):
         # the L_t sampler's QSGD scale, "l2" (eq. 3.1) or "max" (QSGDState's ``norm``)
         "sampling_qsgd_norm": "qsgd_norm",
     }
+
+    def compression_loss(self) -> Dict[str, Tuple[float, float]]:
+        """Eq. 7 of this rank's last step: parameter name -> (loss, energy), ``loss`` the squared norm of
+        what the basis left out of the rank's gradient (centred, as the codec codes it, at the samples' mean
+        over the N ranks: it can exceed the energy), ``energy`` the gradient's squared norm, for every
+        parameter GradiVeQ encoded in that step (L_c; empty in warm-up and sampling steps). ``loss /
+        energy`` is the relative loss the stale vote compares with ``stale_threshold``; over the layers,
+        ``sum(l for l, _ in d.values()) / sum(e for _, e in d.values())``."""
+        return dict(self._ex.gradiveq_losses()) if self._ex is not None else {}
 
 
 #: examples/train's ``gradiveq_plus`` recipe (examples/train/config.cpp, docs/results.md "GradiVeQ: why the

@@ -215,6 +215,17 @@ class ddp_buckets {
     return d;
   }
 
+  /// name -> (eq. 7 loss, energy) of this rank's last step, for every
+  /// parameter whose GradiVeQ layer was encoded (L_c) in it; empty otherwise.
+  nb::dict gradiveq_losses() const {
+    nb::dict d;
+    for (const auto& s : slots_) {
+      const auto& l = s.layer->gradiveq_loss();
+      if (l.energy > 0.0 || l.loss > 0.0) d[nb::str(s.name.c_str())] = nb::make_tuple(l.loss, l.energy);
+    }
+    return d;
+  }
+
   double encode_seconds() const { return encode_seconds_; }
   double decode_seconds() const { return decode_seconds_; }
   std::size_t extra_collectives() const { return extra_collectives_; }

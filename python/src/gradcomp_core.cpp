@@ -509,6 +509,8 @@ GRADCOMP_NB_MODULE(GRADCOMP_PY_MODULE, m) {
            "Restores a parameter's checkpoint now, or when its layer is made.")
       .def("clear_history", &ddp_buckets::clear_history, "Forgets the all-gather sizes (the capacity restarts dense).")
       .def("phases", &ddp_buckets::phases, "name -> phase of every parameter's codec.")
+      .def("gradiveq_losses", &ddp_buckets::gradiveq_losses,
+           "name -> (eq. 7 loss, energy) of this rank's last step, GradiVeQ layers encoded in it (L_c).")
       .def_prop_ro("running", &ddp_buckets::running)
       .def_prop_ro("encode_seconds", &ddp_buckets::encode_seconds, "checks, encodes, buffer fills (sum over steps)")
       .def_prop_ro("decode_seconds", &ddp_buckets::decode_seconds, "absorbs, decodes, the mean, fits (sum over steps)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -37,6 +38,25 @@ def test_hooks_train_the_same_model_on_every_rank(world):
     assert "gradiveq:compressed" in gq["phases"], gq["phases"]
     dense = per_rank[0]["dense"][0]["stats"]
     assert dense["collectives"] == dense["hook_calls"] and dense["extra_collectives"] == 0
+
+
+def test_gradiveq_compression_loss_reports_eq7_per_parameter():
+    """GradiVeQState.compression_loss(): empty outside L_c; in L_c one (loss, energy) per GradiVeQ
+    parameter, energy the rank's own gradient's squared norm, the loss finite and >= 0 (it may exceed the
+    energy: it is measured from the samples' mean mu / N), and the ranks differ."""
+    per_rank = h.unwrap(h.spawn(2, workers.compression_loss))
+    for rank, res in enumerate(per_rank):
+        assert res["warmup"] == {}
+        last = res["last"]
+        compressed = {n for n, ph in res["phases"].items() if ph == "gradiveq:compressed"}
+        assert compressed and set(last) == compressed, (sorted(last), sorted(compressed))
+        for name, (loss, energy) in last.items():
+            assert energy == pytest.approx(res["own_energy"][name], rel=1e-4), name
+            assert math.isfinite(loss) and loss >= 0.0, (name, loss, energy)
+        total = sum(l for l, _ in last.values()) / sum(e for _, e in last.values())
+        print(f"rank {rank}: eq. 7 relative loss of the last step {total:.3f} over {len(last)} parameters")
+        assert total > 0.0
+    assert per_rank[0]["last"] != per_rank[1]["last"]  # each rank reports its own gradient's loss
 
 
 NEW_CODECS = ["powersgd", "fp16", "bf16", "homomorphic"]

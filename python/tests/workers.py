@@ -255,3 +255,21 @@ def cuda_against_host(rank, world, codecs, n_steps=8, device_type="cuda"):
         out[codec] = {"digest": digest(model.cpu()), "devices": sorted(set(checked)), "buckets": len(checked),
                       "differing": differing, "phases": sorted(set(state.phases().values()))}
     return out
+
+
+def compression_loss(rank, world, n_steps=10):
+    """GradiVeQ's eq. 7 report: after a warm-up step (expected empty) and after the last step (L_c),
+    with this rank's own gradient of that step computed beside DDP's backward (no hook runs for it)."""
+    model, ddp, state, opt, _ = build("gradiveq")
+    steps(rank, ddp, opt, 0, 1)
+    warmup_report = state.compression_loss()
+    steps(rank, ddp, opt, 1, n_steps - 1)
+    x, y = data(rank, n_steps - 1)
+    names = [n for n, _ in model.named_parameters()]
+    local = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+    own_energy = {n: float(g.double().pow(2).sum()) for n, g in zip(names, local)}
+    opt.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()
+    opt.step()
+    return {"warmup": warmup_report, "last": state.compression_loss(), "own_energy": own_energy,
+            "phases": state.phases()}
