@@ -208,7 +208,9 @@ def gradiveq_phases_worker(rank, world, args):
         opt.step()
         after = state.overhead()
         phase = [p for p in sorted(set(state.phases().values())) if p.startswith("gradiveq")]
+        eq7 = state.compression_loss()  # this step's eq. 7 (L_c steps only)
         rows.append({"phase": phase[0] if phase else "?", "step": time.perf_counter() - t0,
+                     "eq7": sum(v[0] for v in eq7.values()) / sum(v[1] for v in eq7.values()) if eq7 else None,
                      **{k: after[k] - before[k] for k in ("own", "encode", "decode", "python")}})
     return rows
 
@@ -233,6 +235,10 @@ def gradiveq_phases(args):
         means[key] = m
         print(f"{key:26s} {len(steps):5d} {m['step']:7.1f} {m['own']:7.2f} {m['encode']:7.2f} {m['decode']:7.2f} "
               f"{m['python']:7.2f}")
+    eq7 = [row["eq7"] for r in per_rank for row in r if row["eq7"] is not None]
+    if eq7:
+        print(f"eq. 7 relative loss in L_c (the share of a rank's gradient energy the basis leaves out): mean "
+              f"{np.mean(eq7):.3f} over {len(eq7)} rank-steps, range {min(eq7):.3f}-{max(eq7):.3f}")
     if "fit (the step ending L_t)" in means:
         print(f"RESULT torch_ddp_gradiveq_fit_ms {means['fit (the step ending L_t)']['own']:.1f} ms")
     if "gradiveq:compressed" in means:
