@@ -82,6 +82,16 @@ inline void normalise_signs(Eigen::MatrixXd& v) {
   }
 }
 
+/// One Cholesky QR pass given the Gram matrix w of v's columns (in whatever
+/// inner product): v <- v U^-1 with w = U^T U. False, v untouched, when w has
+/// no Cholesky factor worth the name (a diagonal entry of L at most 1e-8).
+inline bool cholesky_qr_pass(const Eigen::MatrixXd& w, Eigen::MatrixXd& v) {
+  Eigen::LLT<Eigen::MatrixXd> llt(w);
+  if (llt.info() != Eigen::Success || llt.matrixL().toDenseMatrix().diagonal().minCoeff() <= 1e-8) return false;
+  llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
+  return true;
+}
+
 /// Restores orthonormal columns without changing the leading directions
 /// (the Q of a QR with positive diagonal, i.e. Gram-Schmidt): two passes of
 /// Cholesky QR (V <- V L^-T with V^T V = L L^T), all in matrix products;
@@ -96,11 +106,7 @@ inline void reorthonormalise(Eigen::MatrixXd& v, double tolerance = 0.0) {
     // w holds the lower triangle, its upper one is zero as the identity's is
     if (tolerance > 0.0 && (w - Eigen::MatrixXd::Identity(w.rows(), w.cols())).cwiseAbs().maxCoeff() <= tolerance)
       return;
-    Eigen::LLT<Eigen::MatrixXd> llt(w);
-    if (llt.info() == Eigen::Success && llt.matrixL().toDenseMatrix().diagonal().minCoeff() > 1e-8) {
-      llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
-      continue;
-    }
+    if (cholesky_qr_pass(w, v)) continue;
     for (Eigen::Index j = 0; j < v.cols(); ++j) {
       for (Eigen::Index i = 0; i < j; ++i) v.col(j) -= v.col(i).dot(v.col(j)) * v.col(i);
       const double n = v.col(j).norm();
@@ -118,10 +124,7 @@ inline void reorthonormalise(Eigen::MatrixXd& v, double tolerance = 0.0) {
 inline bool reorthonormalise_in(const Eigen::MatrixXd& g_lower, Eigen::MatrixXd& t) {
   for (int pass = 0; pass < 2; ++pass) {
     const Eigen::MatrixXd gt = g_lower.selfadjointView<Eigen::Lower>() * t;
-    const Eigen::MatrixXd w = t.transpose() * gt;
-    Eigen::LLT<Eigen::MatrixXd> llt(w);
-    if (llt.info() != Eigen::Success || llt.matrixL().toDenseMatrix().diagonal().minCoeff() <= 1e-8) return false;
-    llt.matrixU().solveInPlace<Eigen::OnTheRight>(t);
+    if (!cholesky_qr_pass(t.transpose() * gt, t)) return false;
   }
   return true;
 }
