@@ -380,11 +380,10 @@ def worker(rank, world, port, name, args, data, queue):
             loss.backward()
             opt.step()
             times.append(time.perf_counter() - t0)
-            if hasattr(state, "compression_loss"):
-                report = state.compression_loss()
-                if report:
-                    eq7_sum += sum(v[0] for v in report.values()) / sum(v[1] for v in report.values())
-                    eq7_n += 1
+            eq7 = state.relative_compression_loss() if hasattr(state, "relative_compression_loss") else None
+            if eq7 is not None:
+                eq7_sum += eq7
+                eq7_n += 1
             loss_sum += loss.item()
             loss_n += 1
             if rank == 0 and args.progress and (step + 1) % args.progress == 0:

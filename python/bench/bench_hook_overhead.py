@@ -208,9 +208,8 @@ def gradiveq_phases_worker(rank, world, args):
         opt.step()
         after = state.overhead()
         phase = [p for p in sorted(set(state.phases().values())) if p.startswith("gradiveq")]
-        eq7 = state.compression_loss()  # this step's eq. 7 (L_c steps only)
         rows.append({"phase": phase[0] if phase else "?", "step": time.perf_counter() - t0,
-                     "eq7": sum(v[0] for v in eq7.values()) / sum(v[1] for v in eq7.values()) if eq7 else None,
+                     "eq7": state.relative_compression_loss(),  # this step's eq. 7 (L_c steps only)
                      **{k: after[k] - before[k] for k in ("own", "encode", "decode", "python")}})
     return rows
 

@@ -400,9 +400,19 @@ class GradiVeQState(CompressionState):
         what the basis left out of the rank's gradient (centred, as the codec codes it, at the samples' mean
         over the N ranks: it can exceed the energy), ``energy`` the gradient's squared norm, for every
         parameter GradiVeQ encoded in that step (L_c; empty in warm-up and sampling steps). ``loss /
-        energy`` is the relative loss the stale vote compares with ``stale_threshold``; over the layers,
-        ``sum(l for l, _ in d.values()) / sum(e for _, e in d.values())``."""
+        energy`` is the relative loss the stale vote compares with ``stale_threshold``; over the layers:
+        ``relative_compression_loss()``."""
         return dict(self._ex.gradiveq_losses()) if self._ex is not None else {}
+
+    def relative_compression_loss(self) -> Optional[float]:
+        """``compression_loss()`` over every layer of the last step: the summed loss over the summed energy
+        (0.0 for a zero gradient, as the stale vote counts it), or None when no layer was encoded (warm-up
+        and sampling steps)."""
+        report = self.compression_loss()
+        if not report:
+            return None
+        energy = sum(e for _, e in report.values())
+        return sum(l for l, _ in report.values()) / energy if energy > 0.0 else 0.0
 
 
 #: examples/train's ``gradiveq_plus`` recipe (examples/train/config.cpp, docs/results.md "GradiVeQ: why the

@@ -46,7 +46,7 @@ def test_gradiveq_compression_loss_reports_eq7_per_parameter():
     energy: it is measured from the samples' mean mu / N), and the ranks differ."""
     per_rank = h.unwrap(h.spawn(2, workers.compression_loss))
     for rank, res in enumerate(per_rank):
-        assert res["warmup"] == {}
+        assert res["warmup"] == {} and res["warmup_relative"] is None
         last = res["last"]
         compressed = {n for n, ph in res["phases"].items() if ph == "gradiveq:compressed"}
         assert compressed and set(last) == compressed, (sorted(last), sorted(compressed))
@@ -56,6 +56,7 @@ def test_gradiveq_compression_loss_reports_eq7_per_parameter():
         total = sum(l for l, _ in last.values()) / sum(e for _, e in last.values())
         print(f"rank {rank}: eq. 7 relative loss of the last step {total:.3f} over {len(last)} parameters")
         assert total > 0.0
+        assert res["relative"] == pytest.approx(total, rel=1e-12)
     assert per_rank[0]["last"] != per_rank[1]["last"]  # each rank reports its own gradient's loss
 
 

@@ -263,6 +263,7 @@ def compression_loss(rank, world, n_steps=10):
     model, ddp, state, opt, _ = build("gradiveq")
     steps(rank, ddp, opt, 0, 1)
     warmup_report = state.compression_loss()
+    warmup_relative = state.relative_compression_loss()
     steps(rank, ddp, opt, 1, n_steps - 1)
     x, y = data(rank, n_steps - 1)
     names = [n for n, _ in model.named_parameters()]
@@ -271,5 +272,5 @@ def compression_loss(rank, world, n_steps=10):
     opt.zero_grad()
     F.cross_entropy(ddp(x), y).backward()
     opt.step()
-    return {"warmup": warmup_report, "last": state.compression_loss(), "own_energy": own_energy,
-            "phases": state.phases()}
+    return {"warmup": warmup_report, "warmup_relative": warmup_relative, "last": state.compression_loss(), "own_energy": own_energy,
+            "phases": state.phases(), "relative": state.relative_compression_loss()}
