@@ -101,7 +101,8 @@ inline gradiveq_basis_block fit_gradiveq_basis(std::pair<std::size_t, std::size_
     }
     b.heldout_loss = total > 0.0 ? std::max(0.0, 1.0 - captured / total) : 0.0;
   }
-  const pca_decomposition pca(rows.data(), R, k, opt.solver);
+  // With a cap and no hold-out, d <= cap: only that many vectors are formed.
+  const pca_decomposition pca(rows.data(), R, k, opt.solver, held == 0 ? opt.max_dimension : 0);
   const std::size_t available = pca.available();
   if (held == 0) d = select_dimension(pca.spectrum(), opt.lambda);
   if (use_all) d = available;

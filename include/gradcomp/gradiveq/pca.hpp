@@ -27,6 +27,7 @@
 #endif
 
 #include <gradcomp/errors.hpp>
+#include <gradcomp/gradiveq/eigensolver.hpp>
 
 namespace gradcomp {
 
@@ -138,7 +139,10 @@ inline bool reorthonormalise_in(const Eigen::MatrixXd& g_lower, Eigen::MatrixXd&
 /// fraction of the cost when R < K, and only the vectors asked for are formed.
 class pca_decomposition {
  public:
-  pca_decomposition(const float* rows, std::size_t R, std::size_t K, pca_solver solver) {
+  /// `expected_vectors`: the most vectors() will be asked for (0: unknown;
+  /// a small count lets the eigensolver form only those, leading_eigensolver).
+  pca_decomposition(const float* rows, std::size_t R, std::size_t K, pca_solver solver,
+                    std::size_t expected_vectors = 0) {
     const auto r = static_cast<Eigen::Index>(R), k = static_cast<Eigen::Index>(K);
     // Held transposed (K x R, column-major: the rows' own memory order), so
     // the cast to double streams instead of transposing (12% of the wide
@@ -153,9 +157,8 @@ class pca_decomposition {
     m.setZero();
     if (gram_) m.selfadjointView<Eigen::Lower>().rankUpdate(xct_.transpose());
     else m.selfadjointView<Eigen::Lower>().rankUpdate(xct_, scale);
-    es_.compute(m);  // reads the lower triangle only
+    es_ = leading_eigensolver(m, static_cast<Eigen::Index>(expected_vectors));  // reads the lower triangle only
     if (gram_) gram_lower_ = std::move(m);  // vectors() orthonormalises against it
-    if (es_.info() != Eigen::Success) throw state_error("gradiveq: PCA eigen-decomposition did not converge");
     const Eigen::VectorXd& s = es_.eigenvalues();  // ascending
     const double top = std::max(s(n - 1), 0.0);
     const Eigen::Index keep = std::min(r, k);
@@ -177,7 +180,7 @@ class pca_decomposition {
   /// sign-normalised.
   Eigen::MatrixXd vectors(std::size_t count) const {
     const auto c = static_cast<Eigen::Index>(std::min(count, available_));
-    const Eigen::Index n = es_.eigenvectors().cols();
+    const Eigen::Index n = es_.eigenvalues().size();
     Eigen::MatrixXd v;
     if (gram_) {
       // One product for all columns: Xc^T T, T = [v_1 .. v_c] diag(1/sqrt(s_i)),
@@ -189,13 +192,13 @@ class pca_decomposition {
       // the result: K-space passes only where G's spread of eigenvalues left
       // more than 1e-10 (far below float's 6e-8, the basis' precision).
       // R = 450, K = 12288, c = 443: 495 -> about 240 ms.
-      Eigen::MatrixXd top = es_.eigenvectors().rightCols(c).rowwise().reverse();
+      Eigen::MatrixXd top = es_.leading_vectors(c);
       for (Eigen::Index i = 0; i < c; ++i) top.col(i) /= std::sqrt(es_.eigenvalues()(n - 1 - i));
       (void)reorthonormalise_in(gram_lower_, top);  // where it cannot, the K-space check below does the work
       v.noalias() = xct_ * top;
       reorthonormalise(v, 1e-10);
     } else {
-      v = es_.eigenvectors().rightCols(c).rowwise().reverse();
+      v = es_.leading_vectors(c);
     }
     normalise_signs(v);
     return v;
@@ -206,7 +209,7 @@ class pca_decomposition {
   Eigen::VectorXd mean_;
   bool gram_ = false;
   Eigen::MatrixXd gram_lower_;  // Gram: Xc Xc^T, lower triangle
-  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es_;
+  leading_eigensolver es_;
   std::vector<double> spectrum_;
   std::size_t available_ = 0;
 };
