@@ -91,9 +91,12 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: Variants of a codec beyond examples/train's configuration, run only when named in --hooks: QSGD
 #: scaled by each bucket's max |value| instead of its l2 norm (same bytes; docs/codecs.md), and
 #: gradiveq_plus whose L_t QSGD sampler is scaled so, and that recipe with each layer's d capped at 128
-#: or 64 (GradiVeQState max_dimension: the wide layers' bases, their products and fit 3.5x or 7x smaller).
+#: or 64 (GradiVeQState max_dimension: the wide layers' bases, their products and fit 3.5x or 7x smaller);
+#: a ``_f16`` suffix stores the fitted basis as binary16 (basis_storage="float16": half the bytes the
+#: encode and decode read, the same payload sizes).
 GRADIVEQ_CAPS = (128, 64)
-VARIANT_HOOKS = ["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
+VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
+                 + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16"])
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
 GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
@@ -245,6 +248,9 @@ def make_hook(name, model, args):
     if codec.startswith("gradiveq"):
         warm, lt = args.gradiveq_warmup, args.gradiveq_sampling
         norm = {"sampling_qsgd_norm": "max"} if codec != "gradiveq" else {}
+        if codec.endswith("_f16"):  # gradiveq_max[_d<cap>]_f16
+            norm["basis_storage"] = "float16"
+            codec = codec[:-len("_f16")]
         if codec.startswith("gradiveq_max_d"):  # gradiveq_max_d<cap>
             norm["max_dimension"] = int(codec[len("gradiveq_max_d"):])
         if args.full:  # gradiveq_plus; the 64 x 10 linear weight dense, as examples/train's plan

@@ -194,6 +194,7 @@ def gradiveq_phases_worker(rank, world, args):
     ddp = DDP(model)
     warm, lt, lc = args.gradiveq_schedule
     cap = {"max_dimension": args.gradiveq_max_dimension} if args.gradiveq_max_dimension else {}
+    cap["basis_storage"] = args.gradiveq_basis_storage
     state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, **cap, small="dense", small_below=0, seed=1,
                              warmup_iterations=warm, sampling_iterations=lt, compressed_iterations=lc,
                              options={"fallback": "dense"})
@@ -371,6 +372,8 @@ def main():
     ap.add_argument("--gradiveq-schedule", default="5,150,100", help="gradiveq-phases: warm-up,L_t,L_c")
     ap.add_argument("--gradiveq-max-dimension", type=int, default=0,
                     help="gradiveq-phases: cap on each layer's d (GradiVeQState max_dimension; 0: none)")
+    ap.add_argument("--gradiveq-basis-storage", choices=["float32", "float16"], default="float32",
+                    help="gradiveq-phases: GradiVeQState basis_storage (float16: the basis rounded to binary16)")
     args = ap.parse_args()
     args.gradiveq_schedule = tuple(int(x) for x in args.gradiveq_schedule.split(","))
     args.hooks = [h for h in args.hooks.split(",") if h]

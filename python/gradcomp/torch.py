@@ -391,6 +391,8 @@ class GradiVeQState(CompressionState):
         # and d chosen on the last `holdout_fraction` of the samples, held out of the fit
         "source": "gradiveq_source", "pool_slices": "gradiveq_pool_slices",
         "holdout_fraction": "gradiveq_holdout_fraction",
+        # "float16": the fitted basis rounded to IEEE binary16 (half the bytes eqs. 3 and 5 read; docs/codecs.md)
+        "basis_storage": "gradiveq_basis_storage",
         # the L_t sampler's QSGD scale, "l2" (eq. 3.1) or "max" (QSGDState's ``norm``)
         "sampling_qsgd_norm": "qsgd_norm",
     }

@@ -257,6 +257,19 @@ def test_gradiveq_plus_options_and_their_errors():
             gt.GradiVeQState(model, **bad)
 
 
+def test_gradiveq_basis_storage_float16_is_a_plan_option():
+    # the basis rounded to binary16 after the fit: its own plan fingerprint, the same payload sizes,
+    # every rank the same sum (checked by the helper), and a typed error for an unknown storage
+    a = gradcomp.Plan(_model(), {"conv": "gradiveq"}).fingerprint
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_basis_storage": "float32"}).fingerprint == a
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_basis_storage": "float16"}).fingerprint != a
+    assert _compressed_sum_length({"gradiveq_basis_storage": "float16"}) == _compressed_sum_length({})
+    assert gt.GradiVeQState(Net(), basis_storage="float16")._plan_options["gradiveq_basis_storage"] == "float16"
+    for bad in ("half", "bf16", 16):
+        with pytest.raises(gradcomp.InvalidArgument):
+            gt.GradiVeQState(Net(), basis_storage=bad)
+
+
 def test_qsgd_max_norm_is_a_plan_option_with_its_own_fingerprint():
     base = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd"}).fingerprint
     l2 = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd", "qsgd_norm": "l2"}).fingerprint

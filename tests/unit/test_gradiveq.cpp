@@ -1065,3 +1065,77 @@ TEST_CASE("gradiveq: the Gram route orthonormalises in the G inner product, then
   detail::reorthonormalise(q, 1e-10);
   CHECK(q == q0);
 }
+
+TEST_CASE("gradiveq: basis_storage float16 rounds the fitted basis once and stays linear, bit-exact and restorable") {
+  const low_rank_source src(64, 6, 0.02, 77);
+  const std::size_t slices = 5, tail = 3, N = 3;
+  gradiveq_options full_precision;
+  gradiveq_options half = full_precision;
+  half.basis_storage = basis_precision::float16;
+  auto f32 = fitted(src, slices, tail, 25, full_precision, 5);
+  auto f16 = fitted(src, slices, tail, 25, half, 5);
+  // The same fit (spectrum, d, mean); the basis is the float one rounded to binary16, value by value.
+  REQUIRE(f16.dimension() == f32.dimension());
+  CHECK(std::equal(f16.spectrum().begin(), f16.spectrum().end(), f32.spectrum().begin(), f32.spectrum().end()));
+  CHECK(std::equal(f16.mean().begin(), f16.mean().end(), f32.mean().begin(), f32.mean().end()));
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < f32.basis().size(); ++i) {
+    const float want = execution::half_bits_to_float(execution::float_to_half_bits_saturated(f32.basis()[i]));
+    CHECK(f16.basis()[i] == want);
+    moved += f16.basis()[i] != f32.basis()[i];
+  }
+  CHECK(moved > f32.basis().size() / 2);  // the rounding is real
+  CHECK(f16.fingerprint() != f32.fingerprint());
+  // Orthonormal to binary16's precision.
+  const Eigen::MatrixXd u = basis_of(f16);
+  CHECK((u.transpose() * u - Eigen::MatrixXd::Identity(u.cols(), u.cols())).cwiseAbs().maxCoeff() < 4e-3);
+  // Linear (eq. 4) and the decode of the sum is eq. 5 on the rounded basis.
+  f16.set_summands(N);
+  auto whole = f16;
+  whole.set_summands(1);
+  std::vector<std::vector<float>> inputs;
+  for (std::size_t n = 0; n < N; ++n) inputs.push_back(gaussian(f16.layer_length(), 900 + n, 2.0f));
+  CHECK(linearity_defect(f16, whole, inputs) < 2e-6);
+  gradiveq_payload acc, tmp;
+  for (std::size_t n = 0; n < N; ++n) {
+    f16.encode(inputs[n], n == 0 ? acc : tmp);
+    if (n > 0) f16.accumulate(acc, tmp);
+  }
+  std::vector<float> out(f16.layer_length());
+  f16.decode(acc, out);
+  Eigen::VectorXd mu(64);
+  for (Eigen::Index i = 0; i < 64; ++i) mu(i) = f16.mean()[static_cast<std::size_t>(i)];
+  for (std::size_t m = 0; m < slices; ++m) {
+    Eigen::VectorXd x(64);
+    for (Eigen::Index i = 0; i < 64; ++i) {
+      double s = 0.0;
+      for (const auto& in : inputs) s += in[m * 64 + static_cast<std::size_t>(i)];
+      x(i) = s;
+    }
+    const Eigen::VectorXd expect = u * (u.transpose() * (x - mu)) + mu;
+    for (Eigen::Index i = 0; i < 64; ++i)
+      CHECK(out[m * 64 + static_cast<std::size_t>(i)] == doctest::Approx(expect(i)).epsilon(1e-4));
+  }
+  // A saved state restores the same codec (the rounding is idempotent) and refuses the other storage.
+  const auto state = f16.save_state();
+  gradiveq_options restored_opt = half;
+  restored_opt.slice_size = 64;
+  linear_compressor<> back(f16.layer_length(), restored_opt);
+  back.set_summands(N);
+  back.restore_state(state);
+  CHECK(back.fingerprint() == f16.fingerprint());
+  CHECK(back.save_state() == state);
+  gradiveq_payload again;
+  back.encode(inputs[0], again);
+  f16.encode(inputs[0], tmp);
+  CHECK(wire::serialize(again) == wire::serialize(tmp));
+  gradiveq_options other_opt = full_precision;
+  other_opt.slice_size = 64;
+  linear_compressor<> other(f16.layer_length(), other_opt);
+  other.set_summands(N);
+  CHECK(test_support::mismatched_option_of(other, state) == "basis_storage");
+  // An unknown storage value is refused.
+  gradiveq_options bad;
+  bad.basis_storage = static_cast<basis_precision>(7);
+  CHECK_THROWS_AS(linear_compressor<>(128, bad), invalid_argument_error);
+}

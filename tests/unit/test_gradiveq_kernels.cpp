@@ -103,6 +103,39 @@ TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unalign
   }
 }
 
+TEST_CASE("seq GradiVeQ kernels: a binary16 basis gives the float kernels' bits on the same values") {
+  // basis_precision::float16: the kernels read the binary16 copy where the
+  // build widens it (AVX-512) and the float one elsewhere; both hold the same
+  // values, so every path, packed or not, streamed or not, must agree bit for bit.
+  for (std::size_t k : {8u, 16u, 48u, 64u, 264u, 12288u})
+    for (std::size_t d : {4u, 8u, 13u, 32u})
+      for (std::size_t slices : {1u, 3u, 7u, 300u}) {  // 300 x 32: the packed eq. 3; large k x slices: streamed eq. 5
+        if (k * slices > 400000) continue;
+        CAPTURE(k);
+        CAPTURE(d);
+        CAPTURE(slices);
+        vec u = values(k * d, 42, 0.1f);
+        std::vector<std::uint16_t> uh(u.size());
+        for (std::size_t i = 0; i < u.size(); ++i) {
+          uh[i] = ex::float_to_half_bits_saturated(u[i]);
+          u[i] = ex::half_bits_to_float(uh[i]);
+        }
+        const vec x = values(slices * k, 43), off = values(d, 44), mu = values(k, 45);
+        vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
+        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data(), uh.data());
+        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ref.data());
+        CHECK(bit_equal(y, ref));
+        for (bool add : {false, true}) {
+          CAPTURE(add);
+          vec out = values(slices * k, 46), want = out;
+          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, out.data(),
+                                     uh.data());
+          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, want.data());
+          CHECK(bit_equal(out, want));
+        }
+      }
+}
+
 TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
   // eq. 3: 8 lanes over i mod 8, each fused in index order, summed
   // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), minus the offset.

@@ -268,6 +268,7 @@ class plan {
     w.put<std::uint8_t>(static_cast<std::uint8_t>(g.source));
     w.put<double>(g.holdout_fraction);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(g.solver));
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(g.basis_storage));
     const auto& s = opt_.gradiveq_schedule;
     for (std::size_t v : {s.warmup_iterations, s.sampling_iterations, s.compressed_iterations, s.patience,
                           s.min_compressed_iterations})

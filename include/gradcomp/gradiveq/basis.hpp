@@ -16,6 +16,7 @@
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq/pca.hpp>
+#include <gradcomp/system/generic/half.hpp>
 #include <gradcomp/wire.hpp>
 
 namespace gradcomp {
@@ -24,6 +25,23 @@ namespace gradcomp {
 enum class basis_source : std::uint8_t {
   first_slice = 0,  ///< paper (Sec. 3): the first slice of each group of s slices
   pooled = 1,       ///< beyond the paper: up to `pool_slices` slices spread over the group, one sample each
+};
+
+/// How a fitted basis is stored for eqs. 3 and 5.
+enum class basis_precision : std::uint8_t {
+  float32 = 0,  ///< the fitted float values (the paper)
+  /// Beyond the paper: each value rounded to IEEE binary16 (to nearest, ties
+  /// to even) once, after the fit. Every rank rounds the same basis the same
+  /// way, so the codec stays linear and the fingerprint covers the rounded
+  /// values; AVX-512 builds then read 2 bytes per basis value in eqs. 3 and 5
+  /// instead of 4 (the products are memory-bound: the basis is K x d, the
+  /// input and output K per slice) and give the bits of the float kernels on
+  /// the rounded values, which every other backend reads. The rounding moves
+  /// each value by at most 2^-11 of itself (entries below 2^-14, binary16's
+  /// subnormals, by at most 2^-25), so U_d's columns stay orthonormal to
+  /// about 1e-3 and eq. 5 reconstructs the coded part within about that
+  /// fraction; eq. 6's d and the spectrum are those of the float fit.
+  float16 = 1,
 };
 
 /// Parameters of a linear_compressor. Defaults are the paper's recipe.
@@ -39,6 +57,7 @@ struct gradiveq_options {
   std::size_t pool_slices = 16;   ///< basis_source::pooled: slices taken per sample and group (0 = all)
   double holdout_fraction = 0.0;  ///< > 0: choose d on the last fraction of the samples, held out of the fit
   pca_solver solver = pca_solver::automatic;
+  basis_precision basis_storage = basis_precision::float32;  ///< float16: half the basis bytes (see basis_precision)
 };
 
 namespace detail {
@@ -49,6 +68,7 @@ struct gradiveq_basis_block {
   std::size_t first = 0, count = 0;  // slices [first, first + count)
   std::size_t dimension = 0;         // d
   std::vector<float> basis;          // U_d, K x d column-major
+  std::vector<std::uint16_t> basis_f16;  // U_d as binary16 (basis_precision::float16; derived), else empty
   std::vector<float> mean;           // mu, K
   std::vector<double> spectrum;      // descending covariance eigenvalues
   double heldout_loss = std::numeric_limits<double>::quiet_NaN();  // hold-out option only
@@ -125,6 +145,22 @@ inline gradiveq_basis_block fit_gradiveq_basis(std::pair<std::size_t, std::size_
   }
   b.dimension = d;
   return b;
+}
+
+/// basis_precision::float16: rounds U_d to binary16 values in place and keeps
+/// their bits beside it; float32: drops the bits. Idempotent (a rounded value
+/// rounds to itself), so a restored state derives the same basis.
+inline void store_gradiveq_basis(gradiveq_basis_block& b, basis_precision precision) {
+  if (precision != basis_precision::float16) {
+    b.basis_f16.clear();
+    b.basis_f16.shrink_to_fit();
+    return;
+  }
+  // |u| <= 1 for an orthonormal basis: no saturation happens. The bulk
+  // (branch-free, vectorised) forms of the scalar conversions, same bits.
+  b.basis_f16.resize(b.basis.size());
+  execution::floats_to_half_portable(b.basis, b.basis_f16);
+  execution::half_to_floats_portable(b.basis_f16, b.basis);
 }
 
 /// The values derived from a basis and N: U_d^T mu and eq. 3's offsets U_d^T mu / N.

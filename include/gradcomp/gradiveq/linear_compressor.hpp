@@ -202,7 +202,8 @@ class linear_compressor {
     for_each_group_piece(run, [&](const basis_block& b, std::size_t first, std::size_t n) {
       gradiveq_compress_slices(Policy{}, segment.data() + (first - run.first) * k_, n, k_, b.basis.data(),
                                b.dimension, b.offset.data(),
-                               out.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]));
+                               out.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]),
+                               b.basis_f16.empty() ? nullptr : b.basis_f16.data());
     });
     // Fused non-finite check: a NaN or Inf in a slice makes its coefficients
     // non-finite (x * u is NaN or Inf for every finite u), so only the
@@ -371,6 +372,8 @@ class linear_compressor {
       throw invalid_argument_error("gradiveq: unknown basis_source");
     if (opt_.solver != pca_solver::automatic && opt_.solver != pca_solver::covariance && opt_.solver != pca_solver::gram)
       throw invalid_argument_error("gradiveq: unknown pca_solver");
+    if (opt_.basis_storage != basis_precision::float32 && opt_.basis_storage != basis_precision::float16)
+      throw invalid_argument_error("gradiveq: unknown basis_precision");
     opt_.slice_size = k_;
     slices_ = length_ / k_;
     if (!opt_.allow_tail && slices_ * k_ != length_)
@@ -407,10 +410,14 @@ class linear_compressor {
     if (!fitted_) throw state_error(std::string(where) + ": no basis yet (add L_t samples and call fit() first)");
   }
 
-  // Everything derived from the blocks and N: U^T mu, the eq. 3 offsets,
-  // coefficient offsets per slice, the fingerprint.
+  // Everything derived from the blocks and N: the stored basis (binary16
+  // rounding), U^T mu, the eq. 3 offsets, coefficient offsets per slice, the
+  // fingerprint.
   void refresh_derived() {
-    for (auto& b : blocks_) detail::derive_gradiveq_offsets(b, k_, opt_.summands);
+    for (auto& b : blocks_) {
+      detail::store_gradiveq_basis(b, opt_.basis_storage);
+      detail::derive_gradiveq_offsets(b, k_, opt_.summands);
+    }
     coef_prefix_.assign(slices_ + 1, 0);
     for (std::size_t m = 0; m < slices_; ++m) coef_prefix_[m + 1] = coef_prefix_[m] + blocks_[slice_group_[m]].dimension;
     fingerprint_ = detail::gradiveq_fingerprint(length_, k_, opt_.reuse_factor, opt_.summands, blocks_);
@@ -431,6 +438,7 @@ class linear_compressor {
     visit("pool_slices", std::uint64_t{opt_.pool_slices});
     visit("holdout_fraction", opt_.holdout_fraction);
     visit("solver", static_cast<std::uint8_t>(opt_.solver));
+    visit("basis_storage", static_cast<std::uint8_t>(opt_.basis_storage));
   }
 
   // Validates a run [offset, offset + n) of the layer for encoding/decoding.
@@ -489,7 +497,7 @@ class linear_compressor {
     for_each_group_piece(run, [&](const basis_block& b, std::size_t first, std::size_t n) {
       gradiveq_expand_slices(Policy{}, p.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]), n,
                              b.dimension, b.basis.data(), k_, b.mean.data(), scale, add,
-                             out.data() + (first - run.first) * k_);
+                             out.data() + (first - run.first) * k_, b.basis_f16.empty() ? nullptr : b.basis_f16.data());
     });
     auto tail_out = out.subspan(run.slices * k_);
     if (add) add_into(Policy{}, tail_out, std::span<const float>(p.tail));

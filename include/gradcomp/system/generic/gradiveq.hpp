@@ -42,6 +42,7 @@
 /// lines at any output alignment (expand_line_stream).
 
 #include <cstddef>
+#include <cstdint>
 
 #include <gradcomp/system/generic/gradiveq/avx512.hpp>
 
@@ -51,10 +52,12 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 namespace gradiveq_kernel {
 
 /// Eq. 3 for slices [s0, s1): y[s][j] = <x_s, u_j> - offset[j], every column.
+/// `uh` (or null): the same basis as binary16 values, which AVX-512 builds
+/// read instead of u (half the bytes, the same bits); other builds read u.
 inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u, std::size_t d,
-                          const float* offset, float* y) noexcept {
+                          const float* offset, float* y, [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
 #if defined(GRADCOMP_GRADIVEQ_AVX512)
-  if (k % 8 == 0 && d >= 4) return compress_rows_avx512(x, s0, s1, k, u, d, offset, y);
+  if (k % 8 == 0 && d >= 4) return compress_rows_avx512(x, s0, s1, k, u, d, offset, y, uh);
 #elif defined(GRADCOMP_GRADIVEQ_AVX2)
   if (k % 8 == 0 && d >= 4) return compress_columns_avx2(x, s0, s1, k, u, 0, d, offset, y);
 #endif
@@ -62,10 +65,12 @@ inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::s
 }
 
 /// Eq. 5 for slices [s0, s1): out (=, or += when `add`) Y U^T + 1 (scale mu)^T, every column.
+/// `uh`: as compress_rows.
 inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u, std::size_t k,
-                        const float* mu, float scale, bool add, float* out) noexcept {
+                        const float* mu, float scale, bool add, float* out,
+                        [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
 #if defined(GRADCOMP_GRADIVEQ_AVX512)
-  if (d > 0) return expand_rows_avx512(y, s0, s1, d, u, k, mu, scale, add, out);
+  if (d > 0) return expand_rows_avx512(y, s0, s1, d, u, k, mu, scale, add, out, uh);
 #elif defined(GRADCOMP_GRADIVEQ_AVX2)
   if (d > 0) {
     constexpr auto R = static_cast<std::size_t>(expand_block_rows);
@@ -100,21 +105,25 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
 /// Eq. 3 for S slices at once: Y = X U - 1 offset^T, where offset = U^T mu / N
 /// is precomputed by the caller (writing it as X*U - (mu U)/N avoids the
 /// S x K temporary that (X - mu/N) U would make). On the calling thread, in
-/// the order of the file comment.
+/// the order of the file comment. `basis_f16` (or null): the same basis'
+/// values as binary16 (every value of `basis` exactly representable), read
+/// where the instruction set widens them (compress_rows).
 inline void gradiveq_compress_slices(seq, const float* x, std::size_t slices, std::size_t k, const float* basis,
-                                     std::size_t d, const float* offset, float* y) {
+                                     std::size_t d, const float* offset, float* y,
+                                     const std::uint16_t* basis_f16 = nullptr) {
   if (slices == 0 || d == 0) return;
-  gradiveq_kernel::compress_rows(x, 0, slices, k, basis, d, offset, y);
+  gradiveq_kernel::compress_rows(x, 0, slices, k, basis, d, offset, y, basis_f16);
 }
 
 /// Eq. 5 for S slices at once: out (=, or += when `add`) Y U^T + 1 (scale mu)^T.
 /// scale is count/N: N for a fully aggregated payload (eq. 5 proper), 1/N for
 /// one node's own payload (the local reconstruction of eq. 7). On the calling
-/// thread, in the order of the file comment.
+/// thread, in the order of the file comment. `basis_f16`: as gradiveq_compress_slices.
 inline void gradiveq_expand_slices(seq, const float* y, std::size_t slices, std::size_t d, const float* basis,
-                                   std::size_t k, const float* mu, float scale, bool add, float* out) {
+                                   std::size_t k, const float* mu, float scale, bool add, float* out,
+                                   const std::uint16_t* basis_f16 = nullptr) {
   if (slices == 0) return;
-  gradiveq_kernel::expand_rows(y, 0, slices, d, basis, k, mu, scale, add, out);
+  gradiveq_kernel::expand_rows(y, 0, slices, d, basis, k, mu, scale, add, out, basis_f16);
 }
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -6,6 +6,7 @@
 /// streaming for eq. 5.
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include <gradcomp/system/generic/gradiveq/avx2.hpp>
@@ -27,6 +28,22 @@ namespace gradiveq_kernel {
 // columns' 8 lanes in one register (lanes 0-7 column j, 8-15 column j + 1),
 // eq. 5 is vectorised over columns, whose order does not depend on the width.
 
+/// Basis loads: floats, or IEEE binary16 values widened to float (exactly:
+/// every binary16 value is a float), for a basis stored at half precision
+/// (gradiveq_options::basis_storage), which halves the basis' memory traffic
+/// and gives the same bits as the float kernels on the same values. The
+/// 256-bit load widens through the 512-bit conversion (AVX-512 F), so no
+/// separate F16C flag is needed.
+inline __m256 load_basis8(const float* p) noexcept { return _mm256_loadu_ps(p); }
+inline __m256 load_basis8(const std::uint16_t* p) noexcept {
+  return _mm512_castps512_ps256(
+      _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+}
+inline __m512 load_basis16(const float* p) noexcept { return _mm512_loadu_ps(p); }
+inline __m512 load_basis16(const std::uint16_t* p) noexcept {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 /// Register blocks: eq. 3 six slices x 8 columns (24 accumulators), eq. 5
 /// four slices x 64 columns (16 accumulators).
 inline constexpr int compress_block_rows_512 = 6;
@@ -39,8 +56,8 @@ inline constexpr int expand_block_rows_512 = 4;
 /// `ahead`, `ahead_lines`: lines of input to prefetch into L2, one per
 /// iteration over k (spread over the arithmetic: a burst of a whole block's
 /// lines stalls the core until the queue drains).
-template <int R, bool Packed = false>
-inline void compress_block8(const float* x, std::size_t s, std::size_t k, const float* u, std::size_t j, std::size_t d,
+template <int R, bool Packed = false, class U = float>
+inline void compress_block8(const float* x, std::size_t s, std::size_t k, const U* u, std::size_t j, std::size_t d,
                             const float* offset, float* y, const float* ahead = nullptr,
                             std::size_t ahead_lines = 0) noexcept {
   __m512 acc[R][4];
@@ -48,7 +65,7 @@ inline void compress_block8(const float* x, std::size_t s, std::size_t k, const 
   for (int r = 0; r < R; ++r)
     GRADCOMP_GRADIVEQ_UNROLL
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-  const float* u0 = u + j * k;
+  const U* u0 = u + j * k;
   for (std::size_t i = 0; i < k; i += 8) {
     if (i / 8 < ahead_lines) _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * i), _MM_HINT_T1);  // line i / 8
     __m512 v[4];  // columns (j + 2c, j + 2c + 1), lanes i .. i + 7 of each
@@ -57,8 +74,8 @@ inline void compress_block8(const float* x, std::size_t s, std::size_t k, const 
       if constexpr (Packed)
         v[c] = _mm512_loadu_ps(u0 + std::size_t(2 * c) * k + 2 * i);
       else
-        v[c] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(u0 + std::size_t(2 * c) * k + i)),
-                                  _mm256_loadu_ps(u0 + std::size_t(2 * c + 1) * k + i), 1);
+        v[c] = _mm512_insertf32x8(_mm512_castps256_ps512(load_basis8(u0 + std::size_t(2 * c) * k + i)),
+                                  load_basis8(u0 + std::size_t(2 * c + 1) * k + i), 1);
       // Built once, used R times: in a register (an input-only constraint:
       // measured 13.5 -> 12.5 ms against "+v", which helps eq. 5 instead).
       GRADCOMP_GRADIVEQ_USE_REGISTER(v[c]);
@@ -83,16 +100,16 @@ inline void compress_block8(const float* x, std::size_t s, std::size_t k, const 
 }
 
 /// Eq. 3, columns [j, j + 8), for fewer than compress_block_rows_512 slices.
-template <bool Packed>
-inline void compress_block8_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+template <bool Packed, class U>
+inline void compress_block8_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
                                  std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
   static_assert(compress_block_rows_512 == 6);
   switch (s1 - s0) {
-    case 5: return compress_block8<5, Packed>(x, s0, k, u, j, d, offset, y);
-    case 4: return compress_block8<4, Packed>(x, s0, k, u, j, d, offset, y);
-    case 3: return compress_block8<3, Packed>(x, s0, k, u, j, d, offset, y);
-    case 2: return compress_block8<2, Packed>(x, s0, k, u, j, d, offset, y);
-    case 1: return compress_block8<1, Packed>(x, s0, k, u, j, d, offset, y);
+    case 5: return compress_block8<5, Packed, U>(x, s0, k, u, j, d, offset, y);
+    case 4: return compress_block8<4, Packed, U>(x, s0, k, u, j, d, offset, y);
+    case 3: return compress_block8<3, Packed, U>(x, s0, k, u, j, d, offset, y);
+    case 2: return compress_block8<2, Packed, U>(x, s0, k, u, j, d, offset, y);
+    case 1: return compress_block8<1, Packed, U>(x, s0, k, u, j, d, offset, y);
     default: return;
   }
 }
@@ -113,8 +130,8 @@ inline void pack_column_pairs(const float* u, std::size_t k, std::size_t d8, flo
 inline constexpr std::size_t pack_min_slices_per_column = 8;
 
 /// Eq. 3 over the tiles and blocks of compress_rows_avx512, columns [0, d8).
-template <bool Packed>
-inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+template <bool Packed, class U>
+inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
                               std::size_t d8, std::size_t d, const float* offset, float* y) noexcept {
   constexpr auto R = static_cast<std::size_t>(compress_block_rows_512);
   const std::size_t fit = compress_tile_floats / k / R * R;
@@ -131,25 +148,28 @@ inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, st
     for (std::size_t j = 0; j < d8; j += 8)
       for (std::size_t g = s; g < s + tile; g += R) {
         const std::size_t n = std::min(lines_per_block, tile_lines - line);
-        compress_block8<compress_block_rows_512, Packed>(x, g, k, u, j, d, offset, y, x + ahead + 16 * line, n);
+        compress_block8<compress_block_rows_512, Packed, U>(x, g, k, u, j, d, offset, y, x + ahead + 16 * line, n);
         line += n;
       }
   }
   for (; s + R <= s1; s += R) {
     compress_prefetch(x, s, R, k, s1);
-    for (std::size_t j = 0; j < d8; j += 8) compress_block8<compress_block_rows_512, Packed>(x, s, k, u, j, d, offset, y);
+    for (std::size_t j = 0; j < d8; j += 8) compress_block8<compress_block_rows_512, Packed, U>(x, s, k, u, j, d, offset, y);
   }
   if (s < s1)
-    for (std::size_t j = 0; j < d8; j += 8) compress_block8_rest<Packed>(x, s, s1, k, u, j, d, offset, y);
+    for (std::size_t j = 0; j < d8; j += 8) compress_block8_rest<Packed, U>(x, s, s1, k, u, j, d, offset, y);
 }
 
 /// Eq. 3 for slices [s0, s1), k a multiple of 8: tiles of slices that fit
 /// compress_tile_floats, each 8-column block of the basis over the whole
 /// tile (from a packed copy of the basis when the call is long enough to
 /// pay for it: a buffer of this thread's, kept); the last d % 8 columns with
-/// 256-bit vectors.
+/// 256-bit vectors. `uh`: the same basis as binary16 values (or null), read
+/// by the unpacked blocks instead of u (the packed copy and the last columns
+/// read u, whose values are the same).
 inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
-                                 std::size_t d, const float* offset, float* y) noexcept {
+                                 std::size_t d, const float* offset, float* y,
+                                 const std::uint16_t* uh = nullptr) noexcept {
   const std::size_t d8 = d - d % 8;
   if (d8 > 0) {
     float* packed = nullptr;
@@ -163,9 +183,11 @@ inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1,
     }
     if (packed) {
       pack_column_pairs(u, k, d8, packed);
-      compress_tiles512<true>(x, s0, s1, k, packed, d8, d, offset, y);
+      compress_tiles512<true, float>(x, s0, s1, k, packed, d8, d, offset, y);
+    } else if (uh) {
+      compress_tiles512<false, std::uint16_t>(x, s0, s1, k, uh, d8, d, offset, y);
     } else {
-      compress_tiles512<false>(x, s0, s1, k, u, d8, d, offset, y);
+      compress_tiles512<false, float>(x, s0, s1, k, u, d8, d, offset, y);
     }
   }
   if (d8 < d) compress_columns_avx2(x, s0, s1, k, u, d8, d, offset, y);
@@ -173,8 +195,8 @@ inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1,
 
 /// Eq. 5 for slices [s, s + R) and columns [c, c + 16 CB): each result
 /// vector goes to sink(slice, r, column, value).
-template <int R, int CB, class Sink>
-inline void expand_block16(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k, std::size_t c,
+template <int R, int CB, class Sink, class U>
+inline void expand_block16(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k, std::size_t c,
                            const float* mu, float scale, bool add, const float* out, Sink& sink) noexcept {
   __m512 acc[R][CB];
   GRADCOMP_GRADIVEQ_UNROLL
@@ -182,14 +204,19 @@ inline void expand_block16(const float* y, std::size_t s, std::size_t d, const f
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) acc[r][b] = _mm512_setzero_ps();
   for (std::size_t j = 0; j < d; ++j) {
-    if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: four 64-byte lines (avx2.hpp)
+    if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: 4 x 16 values, one line each (binary16: 2)
+      constexpr int step = 64 / (16 * int(sizeof(U)));
       GRADCOMP_GRADIVEQ_UNROLL
-      for (int b = 0; b < 4; ++b) prefetch_floats_ahead(u + j * k + c, 64 * expand_prefetch_blocks + 16 * std::size_t(b));
+      for (int b = 0; b < 4; b += step) {
+        const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(u + j * k + c) +
+                                  (64 * expand_prefetch_blocks + 16 * std::size_t(b)) * sizeof(U);
+        _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);  // as an integer: see prefetch_floats_ahead
+      }
     }
     __m512 v[CB];
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) {
-      v[b] = _mm512_loadu_ps(u + j * k + c + 16 * std::size_t(b));
+      v[b] = load_basis16(u + j * k + c + 16 * std::size_t(b));
       GRADCOMP_GRADIVEQ_IN_REGISTER(v[b]);  // loaded once, used R times
     }
     GRADCOMP_GRADIVEQ_UNROLL
@@ -293,47 +320,54 @@ struct expand_line_stream {
 };
 
 /// Eq. 5 for slices [s, s + R), columns [0, k - k % 16), into `sink`.
-template <int R, class Sink>
-inline void expand_group512(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k,
+template <int R, class Sink, class U>
+inline void expand_group512(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k,
                             const float* mu, float scale, bool add, const float* out, Sink& sink) noexcept {
   sink.begin_group(R);
   const std::size_t k64 = k - k % 64, k16 = k - k % 16;
   std::size_t c = 0;
-  for (; c < k64; c += 64) expand_block16<R, 4>(y, s, d, u, k, c, mu, scale, add, out, sink);
-  for (; c < k16; c += 16) expand_block16<R, 1>(y, s, d, u, k, c, mu, scale, add, out, sink);
+  for (; c < k64; c += 64) expand_block16<R, 4, Sink, U>(y, s, d, u, k, c, mu, scale, add, out, sink);
+  for (; c < k16; c += 16) expand_block16<R, 1, Sink, U>(y, s, d, u, k, c, mu, scale, add, out, sink);
 }
 
 /// Eq. 5 for slices [s0, s1), columns [0, k - k % 16), in register blocks of
 /// expand_block_rows_512 slices.
-template <class Sink>
-inline void expand_rows512(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
+template <class Sink, class U>
+inline void expand_rows512(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const U* u,
                            std::size_t k, const float* mu, float scale, bool add, const float* out,
                            Sink& sink) noexcept {
   static_assert(expand_block_rows_512 == 4);
   std::size_t s = s0;
-  for (; s + 4 <= s1; s += 4) expand_group512<4>(y, s, d, u, k, mu, scale, add, out, sink);
+  for (; s + 4 <= s1; s += 4) expand_group512<4, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
   switch (s1 - s) {
-    case 3: return expand_group512<3>(y, s, d, u, k, mu, scale, add, out, sink);
-    case 2: return expand_group512<2>(y, s, d, u, k, mu, scale, add, out, sink);
-    case 1: return expand_group512<1>(y, s, d, u, k, mu, scale, add, out, sink);
+    case 3: return expand_group512<3, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
+    case 2: return expand_group512<2, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
+    case 1: return expand_group512<1, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
     default: return;
   }
 }
 
 /// Eq. 5 for slices [s0, s1), every column: non-temporal stores for a large
 /// output (see expand_rows), the last k % 16 columns with 256-bit vectors.
+/// `uh`: the same basis as binary16 values (or null), read instead of u
+/// except by the last k % 16 columns.
 inline void expand_rows_avx512(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
-                               std::size_t k, const float* mu, float scale, bool add, float* out) noexcept {
+                               std::size_t k, const float* mu, float scale, bool add, float* out,
+                               const std::uint16_t* uh = nullptr) noexcept {
+  auto rows = [&](auto& sink) {
+    if (uh) expand_rows512(y, s0, s1, d, uh, k, mu, scale, add, out, sink);
+    else expand_rows512(y, s0, s1, d, u, k, mu, scale, add, out, sink);
+  };
   const bool stream = !add && k % 16 == 0 && (s1 - s0) * k >= stream_min_elements;
   if (stream) {
     expand_line_stream sink(out, k);
-    expand_rows512(y, s0, s1, d, u, k, mu, scale, add, out, sink);
+    rows(sink);
     sink.finish(s1);
     return;
   }
   if (k >= 16) {
     expand_store sink{out, k};
-    expand_rows512(y, s0, s1, d, u, k, mu, scale, add, out, sink);
+    rows(sink);
   }
   if (k % 16 != 0) expand_columns_avx2(y, s0, s1, d, u, k, k - k % 16, mu, scale, add, out);
 }
