@@ -11,11 +11,21 @@
 //
 //   bench_gradiveq_kernels [slices K d]      (default 3 12288 443)
 //
+// Then the same products with the basis stored as binary16 (gradiveq_options::
+// basis_storage = float16): the selected kernels reading the binary16 copy
+// against themselves reading the float copy of the same rounded values
+// (the same bits; only AVX-512 builds read the binary16 copy).
+//
 // Ends with: RESULT gradiveq_wide_layer_encode_ms, gradiveq_wide_layer_decode_ms
-// and their ratios against the portable kernels, gradiveq_wide_layer_{encode,decode}_vs_portable.
+// and their ratios against the portable kernels, gradiveq_wide_layer_{encode,decode}_vs_portable,
+// then gradiveq_wide_layer_{encode,decode}_f16_ms and their ratios against the float basis,
+// gradiveq_wide_layer_{encode,decode}_f16_speedup.
 #include "common.hpp"
 
 #include <gradcomp/system/generic/gradiveq.hpp>
+#include <gradcomp/system/generic/half.hpp>
+
+#include <cstdint>
 
 #include <cstdio>
 #include <cstdlib>
@@ -73,5 +83,37 @@ int main(int argc, char** argv) {
   gb::result("gradiveq_wide_layer_decode_ms", decode, "ms");
   gb::result("gradiveq_wide_layer_encode_vs_portable", encode_ref / encode, "x");
   gb::result("gradiveq_wide_layer_decode_vs_portable", decode_ref / decode, "x");
+
+  // basis_storage = float16: the basis rounded to binary16, read as binary16 or as float.
+  std::vector<std::uint16_t> uh(u.size());
+  std::vector<float> ur(u.size());
+  ge::floats_to_half_portable(u, uh);
+  ge::half_to_floats_portable(uh, ur);
+  std::vector<float> yh(slices * d), yf(slices * d), outh(slices * k), outf(slices * k);
+  const auto half = gb::interleaved_best(
+      15, {[&] {
+             ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, ur.data(), d, offset.data(), yh.data(),
+                                          uh.data());
+           },
+           [&] { ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, ur.data(), d, offset.data(), yf.data()); },
+           [&] {
+             ge::gradiveq_expand_slices(ge::seq{}, yh.data(), slices, d, ur.data(), k, mu.data(), scale, false,
+                                        outh.data(), uh.data());
+           },
+           [&] {
+             ge::gradiveq_expand_slices(ge::seq{}, yh.data(), slices, d, ur.data(), k, mu.data(), scale, false,
+                                        outf.data());
+           }});
+  if (yh != yf || outh != outf) {
+    std::printf("ERROR: the binary16 basis gives other bits than the float copy of its values\n");
+    return 1;
+  }
+  const double encode_h = half[0] * 1e3, encode_f = half[1] * 1e3, decode_h = half[2] * 1e3, decode_f = half[3] * 1e3;
+  gb::row("encode (eq. 3), binary16 basis, ms", encode_h, "ms", encode_f, "float basis");
+  gb::row("decode (eq. 5), binary16 basis, ms", decode_h, "ms", decode_f, "float basis");
+  gb::result("gradiveq_wide_layer_encode_f16_ms", encode_h, "ms");
+  gb::result("gradiveq_wide_layer_decode_f16_ms", decode_h, "ms");
+  gb::result("gradiveq_wide_layer_encode_f16_speedup", encode_f / encode_h, "x");
+  gb::result("gradiveq_wide_layer_decode_f16_speedup", decode_f / decode_h, "x");
   return 0;
 }

@@ -209,6 +209,8 @@ def full_settings(name, args):
         "gradcomp_qsgd_max": "QSGD 4 bits, buckets of 512, max norm; weights",
         "gradcomp_gradiveq_max": f"{gradiveq_max}; conv only",
         **{f"gradcomp_gradiveq_max_d{cap}": f"{gradiveq_max}, d at most {cap}; conv only" for cap in GRADIVEQ_CAPS},
+        "gradcomp_gradiveq_max_f16": f"{gradiveq_max}, binary16 basis; conv only",
+        "gradcomp_gradiveq_max_d128_f16": f"{gradiveq_max}, d at most 128, binary16 basis; conv only",
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "

@@ -250,3 +250,18 @@ def test_train_ddp_full_csv_and_summary_logic(tmp_path, capsys):
     assert "rank 7, start iteration 234" in text
     assert "RESULT torch_ddp_full_gradcomp_top_k_vs_allreduce -1.70 points" in text
     assert "missing cells (2 of 10): gradcomp_qsgd seed 1, gradcomp_qsgd seed 2" in text
+
+
+def test_train_ddp_every_hook_names_its_settings():
+    """Every hook train_ddp.py accepts has its --full settings line (a CSV row's settings column) and,
+    for gradcomp's, the ratio docs/results.md reports: a new variant without them fails here, not at the
+    end of a 3-minute training."""
+    import argparse
+    mod = _train_ddp_module()
+    args = argparse.Namespace(full=True, gradiveq_warmup=500, gradiveq_sampling=150, gradiveq_compressed=400,
+                              powersgd_rank=6, powersgd_start=234, lr=0.05)
+    for name in mod.BUILTIN_HOOKS + mod.GRADCOMP_HOOKS + mod.VARIANT_HOOKS:
+        assert mod.full_settings(name, args)
+    for name in mod.GRADCOMP_HOOKS + mod.VARIANT_HOOKS:
+        assert name in mod.RESULTS_MD_RATIO and name in mod.RESULTS_MD_CONFIG
+    assert "binary16" in mod.full_settings("gradcomp_gradiveq_max_d128_f16", args)
