@@ -52,14 +52,15 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 namespace gradiveq_kernel {
 
 /// Eq. 3 for slices [s0, s1): y[s][j] = <x_s, u_j> - offset[j], every column.
-/// `uh` (or null): the same basis as binary16 values, which AVX-512 builds
-/// read instead of u (half the bytes, the same bits); other builds read u.
+/// `uh` (or null): the same basis as binary16 values, which AVX-512 and
+/// AVX2 + F16C builds read instead of u (half the bytes, the same bits);
+/// other builds read u.
 inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u, std::size_t d,
                           const float* offset, float* y, [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
 #if defined(GRADCOMP_GRADIVEQ_AVX512)
   if (k % 8 == 0 && d >= 4) return compress_rows_avx512(x, s0, s1, k, u, d, offset, y, uh);
 #elif defined(GRADCOMP_GRADIVEQ_AVX2)
-  if (k % 8 == 0 && d >= 4) return compress_columns_avx2(x, s0, s1, k, u, 0, d, offset, y);
+  if (k % 8 == 0 && d >= 4) return compress_columns_avx2(x, s0, s1, k, u, 0, d, offset, y, uh);
 #endif
   compress_rows_scalar(x, s0, s1, k, u, 0, d, offset, y);
 }
@@ -83,12 +84,12 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
     const bool stream = !add && k % 16 == 0 && (s1 - s0) * k >= stream_min_elements &&
                         reinterpret_cast<std::uintptr_t>(out + s0 * k) % 64 == 0;
     if (stream) {
-      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out);
-      expand_rows_rest<true>(y, blocked, s1, d, u, k, mu, scale, add, out);
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out, uh);
+      expand_rows_rest<true>(y, blocked, s1, d, u, k, mu, scale, add, out, uh);
       _mm_sfence();  // the stores are visible before anything this thread does next
     } else {
-      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out);
-      expand_rows_rest<false>(y, blocked, s1, d, u, k, mu, scale, add, out);
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out, uh);
+      expand_rows_rest<false>(y, blocked, s1, d, u, k, mu, scale, add, out, uh);
     }
     return;
   }

@@ -4,9 +4,16 @@
 /// the 256-bit register blocks of eqs. 3 and 5 (AVX2 and FMA builds), in
 /// the reference order.
 
+#include <cstdint>
+
 #include <gradcomp/system/generic/gradiveq/portable.hpp>
 
 #if defined(GRADCOMP_GRADIVEQ_AVX2)
+// A basis stored as binary16 (gradiveq_options::basis_storage) is widened
+// where the build has a conversion: F16C (x86-64-v3), or AVX-512 F.
+#if defined(__F16C__) || defined(GRADCOMP_GRADIVEQ_AVX512)
+#define GRADCOMP_GRADIVEQ_HALF_LOADS 1
+#endif
 namespace gradcomp::execution {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
@@ -59,6 +66,30 @@ inline void prefetch_floats_ahead(const float* p, std::size_t floats) noexcept {
   _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
 }
 
+/// Basis loads of 8 values: floats, or binary16 values widened to float
+/// (exactly: every binary16 value is a float), so a basis stored at half
+/// precision costs half the bytes and gives the float kernels' bits on the
+/// same values.
+inline __m256 load_basis8(const float* p) noexcept { return _mm256_loadu_ps(p); }
+#if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
+inline __m256 load_basis8(const std::uint16_t* p) noexcept {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(h);
+#else  // AVX-512 F without F16C's flag: the 512-bit conversion's low half
+  return _mm512_castps512_ps256(_mm512_cvtph_ps(_mm256_castsi128_si256(h)));
+#endif
+}
+#endif
+
+/// Prefetches (into L1) the line `elements` values of type U past p (see
+/// prefetch_floats_ahead).
+template <class U>
+inline void prefetch_ahead(const U* p, std::size_t elements) noexcept {
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + elements * sizeof(U);
+  _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+}
+
 /// The lane sums of four accumulators, in lanes_sum's order: hadd pairs
 /// (a0+a1, a2+a3 | a4+a5, a6+a7), then pairs of pairs, then the two halves.
 inline __m128 lanes_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) noexcept {
@@ -67,15 +98,15 @@ inline __m128 lanes_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) noexcept {
 }
 
 /// Eq. 3 for slices [s, s + R) and columns [j, j + 4), k a multiple of 8.
-template <int R>
-inline void compress_block(const float* x, std::size_t s, std::size_t k, const float* u, std::size_t j, std::size_t d,
+template <int R, class U = float>
+inline void compress_block(const float* x, std::size_t s, std::size_t k, const U* u, std::size_t j, std::size_t d,
                            const float* offset, float* y) noexcept {
   __m256 acc[R][4];
   GRADCOMP_GRADIVEQ_UNROLL
   for (int r = 0; r < R; ++r)
     GRADCOMP_GRADIVEQ_UNROLL
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
-  const float* u0 = u + j * k;
+  const U* u0 = u + j * k;
   for (std::size_t i = 0; i < k; i += 8) {
     // The R slices' values first, then each basis column once for all of them.
     __m256 xv[R];
@@ -83,7 +114,7 @@ inline void compress_block(const float* x, std::size_t s, std::size_t k, const f
     for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + (s + std::size_t(r)) * k + i);
     GRADCOMP_GRADIVEQ_UNROLL
     for (int c = 0; c < 4; ++c) {
-      __m256 v = _mm256_loadu_ps(u0 + std::size_t(c) * k + i);
+      __m256 v = load_basis8(u0 + std::size_t(c) * k + i);
       // Loaded once, used R times: without this GCC re-reads it from memory
       // as an FMA operand.
       GRADCOMP_GRADIVEQ_IN_REGISTER(v);
@@ -100,8 +131,8 @@ inline void compress_block(const float* x, std::size_t s, std::size_t k, const f
 
 /// Eq. 5 for slices [s, s + R) and columns [c, c + 8 CB); Stream: write
 /// `out` with non-temporal stores (not `add`, rows on 64-byte lines).
-template <int R, int CB, bool Stream>
-inline void expand_block(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k, std::size_t c,
+template <int R, int CB, bool Stream, class U = float>
+inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k, std::size_t c,
                          const float* mu, float scale, bool add, float* out) noexcept {
   __m256 acc[R][CB];
   GRADCOMP_GRADIVEQ_UNROLL
@@ -109,16 +140,17 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const flo
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) acc[r][b] = _mm256_setzero_ps();
   for (std::size_t j = 0; j < d; ++j) {
-    const float* uj = u + j * k + c;
-    if constexpr (CB == 4)  // two 64-byte lines: the block expand_prefetch_blocks ahead
-      for (std::size_t line = 0; line < 2; ++line) prefetch_floats_ahead(uj, 32 * expand_prefetch_blocks + 16 * line);
+    const U* uj = u + j * k + c;
+    if constexpr (CB == 4)  // the block expand_prefetch_blocks ahead: two 64-byte lines (binary16: one)
+      for (std::size_t line = 0; line < 2 * sizeof(U) / 4; ++line)
+        prefetch_ahead(uj, 32 * expand_prefetch_blocks + 64 / sizeof(U) * line);
     // The R slices' coefficients first, then each basis vector once for all of them.
     __m256 yv[R];
     GRADCOMP_GRADIVEQ_UNROLL
     for (int r = 0; r < R; ++r) yv[r] = _mm256_broadcast_ss(y + (s + std::size_t(r)) * d + j);
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) {
-      const __m256 v = _mm256_loadu_ps(uj + 8 * std::size_t(b));
+      const __m256 v = load_basis8(uj + 8 * std::size_t(b));
       GRADCOMP_GRADIVEQ_UNROLL
       for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(yv[r], v, acc[r][b]);
     }
@@ -142,11 +174,20 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const flo
   }
 }
 
-/// Eq. 5 for slices [s, s + R), every column.
+/// Eq. 5 for slices [s, s + R), every column. `uh` (or null): the basis as
+/// binary16, read by the vector blocks instead of u (the last k % 8 columns
+/// read u, whose values are the same).
 template <int R, bool Stream>
 inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k,
-                              const float* mu, float scale, bool add, float* out) noexcept {
+                              const float* mu, float scale, bool add, float* out,
+                              [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
   std::size_t c = 0;
+#if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
+  if (uh) {
+    for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, uh, k, c, mu, scale, add, out);
+    for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, uh, k, c, mu, scale, add, out);
+  }
+#endif
   for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, u, k, c, mu, scale, add, out);
   for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, u, k, c, mu, scale, add, out);
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
@@ -155,14 +196,15 @@ inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, cons
 /// Eq. 3, columns [j, j + 4), for the slices [s0, s1) left over by the
 /// blocks of compress_block_rows, in one block of their count (a 3x3 conv
 /// layer has 3): each basis value is then loaded once for all of them.
-inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+template <class U>
+inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
                                 std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
   const std::size_t rest = s1 - s0;
   if constexpr (compress_block_rows > 3)
-    if (rest == 3) return compress_block<3>(x, s0, k, u, j, d, offset, y);
+    if (rest == 3) return compress_block<3, U>(x, s0, k, u, j, d, offset, y);
   if constexpr (compress_block_rows > 2)
-    if (rest == 2) return compress_block<2>(x, s0, k, u, j, d, offset, y);
-  for (std::size_t s = s0; s < s1; ++s) compress_block<1>(x, s, k, u, j, d, offset, y);
+    if (rest == 2) return compress_block<2, U>(x, s0, k, u, j, d, offset, y);
+  for (std::size_t s = s0; s < s1; ++s) compress_block<1, U>(x, s, k, u, j, d, offset, y);
 }
 
 /// Eq. 5 for the slices [s0, s1) left over by the blocks of
@@ -170,13 +212,14 @@ inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, 
 /// each basis value is then loaded once for all of them.
 template <bool Stream>
 inline void expand_rows_rest(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
-                             std::size_t k, const float* mu, float scale, bool add, float* out) noexcept {
+                             std::size_t k, const float* mu, float scale, bool add, float* out,
+                             const std::uint16_t* uh = nullptr) noexcept {
   const std::size_t rest = s1 - s0;
   if constexpr (expand_block_rows > 3)
-    if (rest == 3) return expand_rows_block<3, Stream>(y, s0, d, u, k, mu, scale, add, out);
+    if (rest == 3) return expand_rows_block<3, Stream>(y, s0, d, u, k, mu, scale, add, out, uh);
   if constexpr (expand_block_rows > 2)
-    if (rest == 2) return expand_rows_block<2, Stream>(y, s0, d, u, k, mu, scale, add, out);
-  for (std::size_t s = s0; s < s1; ++s) expand_rows_block<1, Stream>(y, s, d, u, k, mu, scale, add, out);
+    if (rest == 2) return expand_rows_block<2, Stream>(y, s0, d, u, k, mu, scale, add, out, uh);
+  for (std::size_t s = s0; s < s1; ++s) expand_rows_block<1, Stream>(y, s, d, u, k, mu, scale, add, out, uh);
 }
 
 /// Prefetches, into L2, the R slices compress_prefetch_floats ahead of the
@@ -190,21 +233,35 @@ inline void compress_prefetch(const float* x, std::size_t s, std::size_t rows, s
 }
 
 /// Eq. 3 with 256-bit vectors for columns [j0, d) of slices [s0, s1): blocks
-/// of 4 columns, the last d % 4 columns portable. k a multiple of 8.
-inline void compress_columns_avx2(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
-                                  std::size_t j0, std::size_t d, const float* offset, float* y) noexcept {
+/// of 4 columns (from `ub`, the basis as floats or binary16), the last d % 4
+/// columns portable (from u, the same values as floats). k a multiple of 8.
+template <class U>
+inline void compress_columns_avx2_from(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+                                       const U* ub, std::size_t j0, std::size_t d, const float* offset,
+                                       float* y) noexcept {
   constexpr auto R = static_cast<std::size_t>(compress_block_rows);
   const std::size_t d4 = j0 + (d - j0) - (d - j0) % 4;
   const std::size_t blocked = s1 - (s1 - s0) % R;  // slices [s0, blocked) in blocks of R
   for (std::size_t s = s0; s < blocked; s += R) {
     if (j0 == 0) compress_prefetch(x, s, R, k, s1);
-    for (std::size_t j = j0; j < d4; j += 4) compress_block<compress_block_rows>(x, s, k, u, j, d, offset, y);
+    for (std::size_t j = j0; j < d4; j += 4) compress_block<compress_block_rows, U>(x, s, k, ub, j, d, offset, y);
     if (d4 < d) compress_rows_scalar(x, s, s + R, k, u, d4, d, offset, y);
   }
   if (blocked < s1) {
-    for (std::size_t j = j0; j < d4; j += 4) compress_block_rest(x, blocked, s1, k, u, j, d, offset, y);
+    for (std::size_t j = j0; j < d4; j += 4) compress_block_rest<U>(x, blocked, s1, k, ub, j, d, offset, y);
     if (d4 < d) compress_rows_scalar(x, blocked, s1, k, u, d4, d, offset, y);
   }
+}
+
+/// compress_columns_avx2_from with the float basis, or the binary16 one
+/// (`uh`, or null) where the build widens it.
+inline void compress_columns_avx2(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
+                                  std::size_t j0, std::size_t d, const float* offset, float* y,
+                                  [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
+#if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
+  if (uh) return compress_columns_avx2_from(x, s0, s1, k, u, uh, j0, d, offset, y);
+#endif
+  compress_columns_avx2_from(x, s0, s1, k, u, u, j0, d, offset, y);
 }
 
 /// Eq. 5 with 256-bit vectors for columns [c0, k) of slices [s0, s1),

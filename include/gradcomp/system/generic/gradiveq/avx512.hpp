@@ -28,17 +28,10 @@ namespace gradiveq_kernel {
 // columns' 8 lanes in one register (lanes 0-7 column j, 8-15 column j + 1),
 // eq. 5 is vectorised over columns, whose order does not depend on the width.
 
-/// Basis loads: floats, or IEEE binary16 values widened to float (exactly:
-/// every binary16 value is a float), for a basis stored at half precision
+/// Basis loads of 16 values (load_basis8 in avx2.hpp: of 8): floats, or IEEE
+/// binary16 values widened to float, for a basis stored at half precision
 /// (gradiveq_options::basis_storage), which halves the basis' memory traffic
-/// and gives the same bits as the float kernels on the same values. The
-/// 256-bit load widens through the 512-bit conversion (AVX-512 F), so no
-/// separate F16C flag is needed.
-inline __m256 load_basis8(const float* p) noexcept { return _mm256_loadu_ps(p); }
-inline __m256 load_basis8(const std::uint16_t* p) noexcept {
-  return _mm512_castps512_ps256(
-      _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
-}
+/// and gives the same bits as the float kernels on the same values.
 inline __m512 load_basis16(const float* p) noexcept { return _mm512_loadu_ps(p); }
 inline __m512 load_basis16(const std::uint16_t* p) noexcept {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
