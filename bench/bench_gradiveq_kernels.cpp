@@ -26,13 +26,41 @@
 #include <gradcomp/system/generic/half.hpp>
 
 #include <cstdint>
-
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace gb = gradcomp::bench;
 namespace ge = gradcomp::execution;
+
+namespace {
+
+/// Milliseconds, best of 15 interleaved rounds: eqs. 3 and 5 with the kernels
+/// under test and with their same-run baseline.
+struct product_times {
+  double encode, encode_base, decode, decode_base;
+};
+product_times time_products(std::function<void()> encode, std::function<void()> encode_base,
+                            std::function<void()> decode, std::function<void()> decode_base) {
+  const auto b = gb::interleaved_best(15, {encode, encode_base, decode, decode_base});
+  return {b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, b[3] * 1e3};
+}
+
+/// The rows and RESULT lines of one comparison: <prefix>_{encode,decode}<suffix>_ms
+/// and the baseline's time over the tested one, <prefix>_{encode,decode}_<ratio>.
+void report(const product_times& t, const char* label, const char* baseline, const std::string& prefix,
+            const std::string& ratio, const std::string& suffix = "") {
+  gb::row("encode (eq. 3), " + std::string(label) + "ms", t.encode, "ms", t.encode_base, baseline);
+  gb::row("decode (eq. 5), " + std::string(label) + "ms", t.decode, "ms", t.decode_base, baseline);
+  gb::result(prefix + "_encode" + suffix + "_ms", t.encode, "ms");
+  gb::result(prefix + "_decode" + suffix + "_ms", t.decode, "ms");
+  gb::result(prefix + "_encode_" + ratio, t.encode_base / t.encode, "x");
+  gb::result(prefix + "_decode_" + ratio, t.decode_base / t.decode, "x");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::size_t slices = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 3;
@@ -59,61 +87,47 @@ int main(int argc, char** argv) {
   std::vector<float> y(slices * d), y_ref(slices * d), out(slices * k), out_ref(slices * k);
   const float scale = 0.25f;
 
-  const auto best = gb::interleaved_best(
-      15, {[&] { ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, u.data(), d, offset.data(), y.data()); },
-           [&] { ge::gradiveq_kernel::compress_rows_scalar(x.data(), 0, slices, k, u.data(), 0, d, offset.data(), y_ref.data()); },
-           [&] {
-             ge::gradiveq_expand_slices(ge::seq{}, y.data(), slices, d, u.data(), k, mu.data(), scale, false, out.data());
-           },
-           [&] {
-             ge::gradiveq_kernel::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), scale, false,
-                                                      out_ref.data());
-           }});
+  auto encode = [&](const float* basis, const std::uint16_t* half, std::vector<float>& into) {
+    return [&, basis, half] {
+      ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, basis, d, offset.data(), into.data(), half);
+    };
+  };
+  auto decode = [&](const float* basis, const std::uint16_t* half, std::vector<float>& into) {
+    return [&, basis, half] {
+      ge::gradiveq_expand_slices(ge::seq{}, y.data(), slices, d, basis, k, mu.data(), scale, false, into.data(), half);
+    };
+  };
+
+  const auto selected = time_products(
+      encode(u.data(), nullptr, y),
+      [&] { ge::gradiveq_kernel::compress_rows_scalar(x.data(), 0, slices, k, u.data(), 0, d, offset.data(), y_ref.data()); },
+      decode(u.data(), nullptr, out),
+      [&] {
+        ge::gradiveq_kernel::expand_rows_scalar(y.data(), 0, slices, d, u.data(), k, 0, k, mu.data(), scale, false,
+                                                 out_ref.data());
+      });
   // The selected kernels promise the reference order: the same bits.
   if (y != y_ref || out != out_ref) {
     std::printf("ERROR: the selected kernels differ from the portable ones\n");
     return 1;
   }
-  const double encode = best[0] * 1e3, encode_ref = best[1] * 1e3, decode = best[2] * 1e3, decode_ref = best[3] * 1e3;
-  gb::row("encode (eq. 3), ms", encode, "ms", encode_ref, "portable");
-  gb::row("decode (eq. 5), ms", decode, "ms", decode_ref, "portable");
-  std::printf("  basis read at %.2f GB/s (encode), %.2f GB/s (decode)\n", double(k * d * 4) / (encode * 1e6),
-              double(k * d * 4) / (decode * 1e6));
-  gb::result("gradiveq_wide_layer_encode_ms", encode, "ms");
-  gb::result("gradiveq_wide_layer_decode_ms", decode, "ms");
-  gb::result("gradiveq_wide_layer_encode_vs_portable", encode_ref / encode, "x");
-  gb::result("gradiveq_wide_layer_decode_vs_portable", decode_ref / decode, "x");
+  std::printf("basis read at %.2f GB/s (encode), %.2f GB/s (decode)\n", double(k * d * 4) / (selected.encode * 1e6),
+              double(k * d * 4) / (selected.decode * 1e6));
+  report(selected, "", "portable", "gradiveq_wide_layer", "vs_portable");
 
-  // basis_storage = float16: the basis rounded to binary16, read as binary16 or as float.
+  // basis_storage = float16: the basis rounded to binary16, read as binary16 or as float
+  // (both decodes expand the same coefficients y).
   std::vector<std::uint16_t> uh(u.size());
   std::vector<float> ur(u.size());
   ge::floats_to_half_portable(u, uh);
   ge::half_to_floats_portable(uh, ur);
   std::vector<float> yh(slices * d), yf(slices * d), outh(slices * k), outf(slices * k);
-  const auto half = gb::interleaved_best(
-      15, {[&] {
-             ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, ur.data(), d, offset.data(), yh.data(),
-                                          uh.data());
-           },
-           [&] { ge::gradiveq_compress_slices(ge::seq{}, x.data(), slices, k, ur.data(), d, offset.data(), yf.data()); },
-           [&] {
-             ge::gradiveq_expand_slices(ge::seq{}, yh.data(), slices, d, ur.data(), k, mu.data(), scale, false,
-                                        outh.data(), uh.data());
-           },
-           [&] {
-             ge::gradiveq_expand_slices(ge::seq{}, yh.data(), slices, d, ur.data(), k, mu.data(), scale, false,
-                                        outf.data());
-           }});
+  const auto half = time_products(encode(ur.data(), uh.data(), yh), encode(ur.data(), nullptr, yf),
+                                  decode(ur.data(), uh.data(), outh), decode(ur.data(), nullptr, outf));
   if (yh != yf || outh != outf) {
     std::printf("ERROR: the binary16 basis gives other bits than the float copy of its values\n");
     return 1;
   }
-  const double encode_h = half[0] * 1e3, encode_f = half[1] * 1e3, decode_h = half[2] * 1e3, decode_f = half[3] * 1e3;
-  gb::row("encode (eq. 3), binary16 basis, ms", encode_h, "ms", encode_f, "float basis");
-  gb::row("decode (eq. 5), binary16 basis, ms", decode_h, "ms", decode_f, "float basis");
-  gb::result("gradiveq_wide_layer_encode_f16_ms", encode_h, "ms");
-  gb::result("gradiveq_wide_layer_decode_f16_ms", decode_h, "ms");
-  gb::result("gradiveq_wide_layer_encode_f16_speedup", encode_f / encode_h, "x");
-  gb::result("gradiveq_wide_layer_decode_f16_speedup", decode_f / decode_h, "x");
+  report(half, "binary16 basis, ", "float basis", "gradiveq_wide_layer", "f16_speedup", "_f16");
   return 0;
 }
