@@ -4,8 +4,9 @@
 /// eigenvalue, but eigenvectors only for the leading ones a basis keeps.
 /// Eigen's SelfAdjointEigenSolver forms all n eigenvectors, and accumulating
 /// its QR rotations into them was the largest single cost of a fit (Gram
-/// 450 x 450, the demo model's widest layer: 36 ms, of which 24 ms the
-/// rotations), while eq. 6 keeps d of them (at most 128 with the usual cap).
+/// 450 x 450, the demo model's widest layers: 30 ms, of which about 18 ms
+/// forming the vectors), while a cap keeps d of them (128 in the DDP hooks'
+/// capped variants).
 /// Here: Householder tridiagonalisation T = Q^T A Q (Eigen), T's
 /// eigenvalues by implicit QR without vectors (Eigen), then the d leading
 /// eigenvectors of T by inverse iteration (the method of LAPACK's dstein:
