@@ -158,8 +158,8 @@ inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, st
 /// tile (from a packed copy of the basis when the call is long enough to
 /// pay for it: a buffer of this thread's, kept); the last d % 8 columns with
 /// 256-bit vectors. `uh`: the same basis as binary16 values (or null), read
-/// by the unpacked blocks instead of u (the packed copy and the last columns
-/// read u, whose values are the same).
+/// instead of u except by the packed copy (packed from u, whose values are
+/// the same).
 inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
                                  std::size_t d, const float* offset, float* y,
                                  const std::uint16_t* uh = nullptr) noexcept {
@@ -183,7 +183,7 @@ inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1,
       compress_tiles512<false, float>(x, s0, s1, k, u, d8, d, offset, y);
     }
   }
-  if (d8 < d) compress_columns_avx2(x, s0, s1, k, u, d8, d, offset, y);
+  if (d8 < d) compress_columns_avx2(x, s0, s1, k, u, d8, d, offset, y, uh);
 }
 
 /// Eq. 5 for slices [s, s + R) and columns [c, c + 16 CB): each result
