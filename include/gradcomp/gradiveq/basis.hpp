@@ -74,6 +74,9 @@ struct gradiveq_basis_block {
   double heldout_loss = std::numeric_limits<double>::quiet_NaN();  // hold-out option only
   std::vector<float> mu_u;           // U_d^T mu, d (derived)
   std::vector<float> offset;         // U_d^T mu / N, d (derived)
+
+  /// The binary16 copy for the kernels (gradiveq_compress_slices), or null.
+  const std::uint16_t* basis_f16_or_null() const noexcept { return basis_f16.empty() ? nullptr : basis_f16.data(); }
 };
 
 /// Fits the basis of the group of slices `span` (first slice, slices) from

@@ -69,7 +69,6 @@ class shifted_tridiagonal_lu {
         }
       }
     }
-    if (n > 0 && d_(n - 1) == 0.0) d_(n - 1) = tiny;
     for (Eigen::Index i = 0; i < n; ++i)
       if (d_(i) == 0.0) d_(i) = tiny;
   }
@@ -121,9 +120,9 @@ class leading_eigensolver {
     // Scaled as Eigen's own solver does, so neither tiny nor huge entries
     // over- or underflow in the iterations.
     Eigen::MatrixXd lower = m.triangularView<Eigen::Lower>();
-    scale_ = n > 0 ? lower.cwiseAbs().maxCoeff() : 0.0;
-    if (!(scale_ > 0.0)) scale_ = 1.0;
-    lower /= scale_;
+    double scale = n > 0 ? lower.cwiseAbs().maxCoeff() : 0.0;
+    if (!(scale > 0.0)) scale = 1.0;
+    lower /= scale;
     tri_.compute(lower);
     diag_ = tri_.diagonal();
     sub_ = tri_.subDiagonal();
@@ -131,8 +130,8 @@ class leading_eigensolver {
     values.computeFromTridiagonal(diag_, sub_, Eigen::EigenvaluesOnly);
     if (values.info() != Eigen::Success) throw state_error("gradiveq: PCA eigen-decomposition did not converge");
     scaled_values_ = values.eigenvalues();
-    values_ = scaled_values_ * scale_;
-    norm_ = 0.0;  // ||T||_1
+    values_ = scaled_values_ * scale;
+    norm_ = 0.0;
     for (Eigen::Index i = 0; i < n; ++i) {
       double row = std::abs(diag_(i));
       if (i > 0) row += std::abs(sub_(i - 1));
@@ -206,7 +205,7 @@ class leading_eigensolver {
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> full_;  // above n / 3 expected vectors
   Eigen::Tridiagonalization<Eigen::MatrixXd> tri_;       // otherwise: T, Q
   Eigen::VectorXd diag_, sub_, scaled_values_, values_;
-  double scale_ = 1.0, norm_ = 0.0;
+  double norm_ = 0.0;  // ||T||_1
 };
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -203,7 +203,7 @@ class linear_compressor {
       gradiveq_compress_slices(Policy{}, segment.data() + (first - run.first) * k_, n, k_, b.basis.data(),
                                b.dimension, b.offset.data(),
                                out.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]),
-                               b.basis_f16.empty() ? nullptr : b.basis_f16.data());
+                               b.basis_f16_or_null());
     });
     // Fused non-finite check: a NaN or Inf in a slice makes its coefficients
     // non-finite (x * u is NaN or Inf for every finite u), so only the
@@ -497,7 +497,7 @@ class linear_compressor {
     for_each_group_piece(run, [&](const basis_block& b, std::size_t first, std::size_t n) {
       gradiveq_expand_slices(Policy{}, p.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]), n,
                              b.dimension, b.basis.data(), k_, b.mean.data(), scale, add,
-                             out.data() + (first - run.first) * k_, b.basis_f16.empty() ? nullptr : b.basis_f16.data());
+                             out.data() + (first - run.first) * k_, b.basis_f16_or_null());
     });
     auto tail_out = out.subspan(run.slices * k_);
     if (add) add_into(Policy{}, tail_out, std::span<const float>(p.tail));

@@ -182,14 +182,16 @@ inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, cons
                               const float* mu, float scale, bool add, float* out,
                               [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
   std::size_t c = 0;
+  auto vector_blocks = [&](const auto* ub) {
+    for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, ub, k, c, mu, scale, add, out);
+    for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, ub, k, c, mu, scale, add, out);
+  };
 #if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
-  if (uh) {
-    for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, uh, k, c, mu, scale, add, out);
-    for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, uh, k, c, mu, scale, add, out);
-  }
+  if (uh) vector_blocks(uh);
+  else vector_blocks(u);
+#else
+  vector_blocks(u);
 #endif
-  for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, u, k, c, mu, scale, add, out);
-  for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, u, k, c, mu, scale, add, out);
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
 }
 
