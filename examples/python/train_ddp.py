@@ -93,10 +93,15 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: gradiveq_plus whose L_t QSGD sampler is scaled so, and that recipe with each layer's d capped at 128
 #: or 64 (GradiVeQState max_dimension: the wide layers' bases, their products and fit 3.5x or 7x smaller);
 #: a ``_f16`` suffix stores the fitted basis as binary16 (basis_storage="float16": half the bytes the
-#: encode and decode read, the same payload sizes).
+#: encode and decode read, the same payload sizes); an ``_ef`` before it adds error feedback
+#: (error_feedback=True: what the basis leaves out of a rank's gradient is sent at the next sampling
+#: step) and ``_ef_spread`` also spreads each cycle's L_t sampling steps over the cycle
+#: (spread_sampling=True: the same steps sample, so the same bytes, and the residual leaves every few steps).
 GRADIVEQ_CAPS = (128, 64)
 VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
-                 + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16"])
+                 + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16",
+                    "gradcomp_gradiveq_max_ef_f16", "gradcomp_gradiveq_max_d128_ef_f16",
+                    "gradcomp_gradiveq_max_ef_spread_f16", "gradcomp_gradiveq_max_d128_ef_spread_f16"])
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
 GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
@@ -211,6 +216,13 @@ def full_settings(name, args):
         **{f"gradcomp_gradiveq_max_d{cap}": f"{gradiveq_max}, d at most {cap}; conv only" for cap in GRADIVEQ_CAPS},
         "gradcomp_gradiveq_max_f16": f"{gradiveq_max}, binary16 basis; conv only",
         "gradcomp_gradiveq_max_d128_f16": f"{gradiveq_max}, d at most 128, binary16 basis; conv only",
+        "gradcomp_gradiveq_max_ef_f16": f"{gradiveq_max}, error feedback, binary16 basis; conv only",
+        "gradcomp_gradiveq_max_d128_ef_f16": f"{gradiveq_max}, d at most 128, error feedback, binary16 basis; "
+                                             "conv only",
+        "gradcomp_gradiveq_max_ef_spread_f16": f"{gradiveq_max}, error feedback, L_t spread over the cycle, "
+                                               "binary16 basis; conv only",
+        "gradcomp_gradiveq_max_d128_ef_spread_f16": f"{gradiveq_max}, d at most 128, error feedback, L_t spread "
+                                                    "over the cycle, binary16 basis; conv only",
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -250,9 +262,15 @@ def make_hook(name, model, args):
     if codec.startswith("gradiveq"):
         warm, lt = args.gradiveq_warmup, args.gradiveq_sampling
         norm = {"sampling_qsgd_norm": "max"} if codec != "gradiveq" else {}
-        if codec.endswith("_f16"):  # gradiveq_max[_d<cap>]_f16
+        if codec.endswith("_f16"):  # gradiveq_max[_d<cap>][_ef[_spread]]_f16
             norm["basis_storage"] = "float16"
             codec = codec[:-len("_f16")]
+        if codec.endswith("_spread"):
+            norm["spread_sampling"] = True
+            codec = codec[:-len("_spread")]
+        if codec.endswith("_ef"):  # gradiveq_max[_d<cap>]_ef
+            norm["error_feedback"] = True
+            codec = codec[:-len("_ef")]
         if codec.startswith("gradiveq_max_d"):  # gradiveq_max_d<cap>
             norm["max_dimension"] = int(codec[len("gradiveq_max_d"):])
         if args.full:  # gradiveq_plus; the 64 x 10 linear weight dense, as examples/train's plan

@@ -270,6 +270,24 @@ def test_gradiveq_basis_storage_float16_is_a_plan_option():
             gt.GradiVeQState(Net(), basis_storage=bad)
 
 
+def test_gradiveq_error_feedback_is_a_plan_option():
+    # error feedback: its own plan fingerprint and saved state, the same payload sizes, the ranks agree
+    a = gradcomp.Plan(_model(), {"conv": "gradiveq"}).fingerprint
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_error_feedback": False}).fingerprint == a
+    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_error_feedback": True}).fingerprint != a
+    assert _compressed_sum_length({"gradiveq_error_feedback": True}, steps=7) == _compressed_sum_length({}, steps=7)
+    state = gt.GradiVeQState(Net(), error_feedback=True)
+    assert state._plan_options["gradiveq_error_feedback"] is True
+    with pytest.raises(gradcomp.InvalidArgument):
+        gt.GradiVeQState(Net(), error_feedback="yes")
+    # spread sampling: its own fingerprint; it needs a fixed L_c
+    b = gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_spread_sampling": True}).fingerprint
+    assert b != a
+    assert gt.GradiVeQState(Net(), spread_sampling=True)._plan_options["gradiveq_spread_sampling"] is True
+    with pytest.raises(gradcomp.InvalidArgument, match="fixed L_c"):
+        gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_spread_sampling": True, "stale_threshold": 0.5})
+
+
 def test_qsgd_max_norm_is_a_plan_option_with_its_own_fingerprint():
     base = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd"}).fingerprint
     l2 = gradcomp.Plan(_model(), {"fallback": "qsgd", "conv": "qsgd", "qsgd_norm": "l2"}).fingerprint

@@ -24,6 +24,9 @@ def make_state(codec: str, model):
         return gt.DenseState(model)
     if codec == "gradiveq":  # a short schedule: warm-up 3, L_t 4 (QSGD sampling), then compressed steps
         return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=50)
+    if codec == "gradiveq_ef_spread":  # error feedback, L_t spread: steps 7-9 compressed, then C S C S C S S
+        return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=3,
+                                error_feedback=True, spread_sampling=True)
     if codec == "qsgd":
         return gt.QSGDState(model, bits=4)
     if codec == "two_bit":
@@ -110,7 +113,9 @@ def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
 
 def resume_all(rank, world, codecs):
     """resume() for each codec, and for two-bit once more without loading the hook state (the control)."""
-    out = {codec: resume(rank, world, codec) for codec in codecs}
+    # gradiveq_ef_spread stops in L_c, its error-feedback memory held, and resumes through a spread cycle
+    steps_of = {"gradiveq_ef_spread": {"total": 16, "stop": 9}}
+    out = {codec: resume(rank, world, codec, **steps_of.get(codec, {})) for codec in codecs}
     out["two_bit without hook state"] = resume(rank, world, "two_bit", load_hook_state=False)
     return out
 

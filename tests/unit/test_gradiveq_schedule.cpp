@@ -6,6 +6,7 @@
 #include <support/error_checks.hpp>
 #include <support/random_vectors.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -93,6 +94,58 @@ TEST_CASE("schedule: transitions happen at the configured iterations") {
   CHECK(t.cycle() == 1);
   CHECK(!t.sampling_quantized());
   CHECK(run(t, 8) == "SS*CCCCSS*");
+}
+
+TEST_CASE("schedule: spread_sampling spreads L_t over each cycle after the first") {
+  gradiveq_schedule_options o;
+  o.warmup_iterations = 2;
+  o.sampling_iterations = 3;
+  o.compressed_iterations = 5;
+  o.spread_sampling = true;
+  gradiveq_schedule s(o);
+  // Cycle 1 as without the option; then cycles of C = 8: iteration p samples
+  // when floor(3 (p+1) / 8) > floor(3 p / 8), i.e. p = 2, 5, 7; refit after 7.
+  CHECK(run(s, 2 + 8 + 8 + 8 + 3) == "WWSSS*CCCCCCCSCCSCS*CCSCCSCS*CCS");
+  CHECK(s.cycle() == 4);
+  CHECK(s.spread());
+  CHECK(s.phase_position() == 3);
+  // Every cycle samples L_t times and compresses L_c times, as without it.
+  o.sampling_iterations = 150;
+  o.compressed_iterations = 400;
+  gradiveq_schedule big(o);
+  (void)run(big, 2 + 550);  // warm-up and the contiguous first cycle
+  const std::string cycle = run(big, 550);
+  CHECK(std::count(cycle.begin(), cycle.end(), 'S') == 150);
+  CHECK(std::count(cycle.begin(), cycle.end(), 'C') == 400);
+  CHECK(cycle.back() == '*');
+  CHECK(cycle.find("SS") == std::string::npos);  // never two sampling iterations in a row
+  // A state saved in a spread cycle continues identically; one whose phase
+  // disagrees with its cycle position is refused.
+  gradiveq_schedule a(o), b(o);
+  (void)run(a, 2 + 550 + 123);
+  const auto state = a.save_state();
+  b.restore_state(state);
+  CHECK(run(a, 1000) == run(b, 1000));
+  // The same body with the phase byte (before 5 u64 counters) changed, in a valid container.
+  std::vector<std::byte> body(state.begin() + wire::header_size, state.end());
+  const std::size_t phase_at = body.size() - 41;
+  body[phase_at] = body[phase_at] == std::byte{1} ? std::byte{2} : std::byte{1};
+  const auto bad = wire::serialize_state(wire::codec_id::control, 0, [&](wire::writer& w) { w.put_bytes(body); });
+  gradiveq_schedule c(o);
+  CHECK_THROWS_WITH_AS(c.restore_state(bad), doctest::Contains("phase and cycle position disagree"), gradcomp::error);
+  CHECK(c.iteration() == 0);
+  // A state of the contiguous schedule is refused, naming the option.
+  auto contiguous = o;
+  contiguous.spread_sampling = false;
+  gradiveq_schedule d(contiguous);
+  CHECK(test_support::mismatched_option_of(d, state) == "spread_sampling");
+  // A fixed L_c is required.
+  auto voting = o;
+  voting.stale_threshold = 0.5;
+  CHECK_THROWS_AS(gradiveq_schedule{voting}, invalid_argument_error);
+  auto adaptive = o;
+  adaptive.adaptive_cycles = true;
+  CHECK_THROWS_AS(gradiveq_schedule{adaptive}, invalid_argument_error);
 }
 
 TEST_CASE("schedule: a majority of stale votes ends L_c early") {
@@ -310,6 +363,11 @@ TEST_CASE("schedule: state save/restore continues identically") {
   gradiveq_schedule f(other_bits);
   CHECK(mismatched_option(f) == "qsgd_bits");
   CHECK(f.iteration() == 0);
+  auto other_feedback = o;
+  other_feedback.error_feedback = true;
+  gradiveq_schedule g(other_feedback);
+  CHECK(mismatched_option(g) == "error_feedback");
+  CHECK(g.iteration() == 0);
   gradiveq_schedule d(o);
   for (std::size_t i = 0; i < state.size(); i += 5) {
     auto bad = state;

@@ -7,6 +7,20 @@
 /// steps summed in the compressed domain (eq. 4) and decoded once (eq. 5),
 /// and the eq. 7 stale vote, which rides in the step's control block.
 /// One gradiveq_schedule is shared by every GradiVeQ bucket of a plan.
+///
+/// With gradiveq_schedule_options::error_feedback (beyond the paper) each
+/// node also keeps, per layer, what its compressed iterations left out:
+///     e_{t+1} = (g_t + e_t) - decode(encode(g_t + e_t))   (eq. 3, then eq. 5 with count 1)
+/// and a sampling iteration sends g_t + e_t, all of it (e = 0 after it: QSGD
+/// is unbiased), so what a basis left out reaches the model at the next
+/// sampling iteration and is part of the next fit's samples. Within a run of
+/// compressed iterations the basis is fixed and e is orthogonal to it
+/// (U_d^T e = 0), so encode(g_t + e_t) = encode(g_t) and, eq. 5 being linear,
+///     e = sum of g_t - decode(sum of own payloads)          (eq. 4 with count k)
+/// which is what the bucket keeps: the gradients' sum and the payloads' sum,
+/// one decode per flush instead of one per step. Warm-up iterations neither
+/// add nor keep one. The memory is updated when a step finishes, so an
+/// abandoned step leaves it as it was, and it is part of the saved state.
 
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +70,11 @@ class gradiveq_bucket final : public bucket_codec {
     }
     flat_.resize(codecs_.size());
     for (std::size_t j = 0; j < codecs_.size(); ++j) flat_[j].resize(shapes_[j].size());
+    if (life_->schedule.options().error_feedback) {
+      memory_.resize(codecs_.size());
+      for (std::size_t j = 0; j < codecs_.size(); ++j) memory_[j].gradients.assign(shapes_[j].size(), 0.0f);
+      next_memory_ = memory_;
+    }
     payloads_.resize(codecs_.size());
     samples_.resize(codecs_.size());
     bytes_.assign(codecs_.size(), 0);
@@ -78,9 +97,11 @@ class gradiveq_bucket final : public bucket_codec {
 
   void prepare(const step_context&, std::span<const std::span<const float>> in) override {
     for (std::size_t j = 0; j < codecs_.size(); ++j) flatten_gradiveq(shapes_[j], in[j], flat_[j]);
+    if (feeds_back() && phase_ != gradiveq_phase::compressed) send_residual();
     if (phase_ == gradiveq_phase::compressed) {
       for (std::size_t j = 0; j < codecs_.size(); ++j) {
-        codecs_[j].encode(flat_[j], payloads_[j]);
+        codecs_[j].encode(flat_[j], payloads_[j]);  // eq. 3 of g_t: U_d^T e = 0 (see the file comment)
+        if (feeds_back()) hold(j);
         const auto l = codecs_[j].local_loss(flat_[j], payloads_[j]);
         life_->loss.loss += l.loss;
         life_->loss.energy += l.energy;
@@ -124,6 +145,7 @@ class gradiveq_bucket final : public bucket_codec {
   void absorb(std::size_t, std::span<const std::vector<std::byte>> gathered) override { gathered_ = gathered; }
 
   void finish(std::span<const std::span<float>> out) override {
+    if (feeds_back()) memory_.swap(next_memory_);  // the step is agreed: its memory becomes the state
     if (phase_ == gradiveq_phase::compressed) {
       std::size_t at = 0;
       for (std::size_t j = 0; j < codecs_.size(); ++j) {
@@ -175,6 +197,12 @@ class gradiveq_bucket final : public bucket_codec {
 
   /// Fits every layer's basis (the end of L_t); called on every rank alike.
   void fit() {
+    // A residual still held against the old basis is formed first (the
+    // schedules fit right after a sampling step, which sent it: none is).
+    for (std::size_t j = 0; j < memory_.size(); ++j) {
+      form_residual(memory_[j], j, memory_[j].gradients);
+      memory_[j].payload = {};
+    }
     for (auto& c : codecs_) c.fit();
   }
 
@@ -188,18 +216,43 @@ class gradiveq_bucket final : public bucket_codec {
     std::vector<std::vector<std::byte>> s;
     for (const auto& c : codecs_) s.push_back(c.save_state());
     for (const auto& q : samplers_) s.push_back(q.save_state());
+    for (const auto& m : memory_) {  // error feedback: each layer's gradients' sum and payloads' sum
+      s.push_back(wire::serialize_state(wire::codec_id::gradiveq, m.gradients.size(),
+                                        [&](wire::writer& w) { w.put_array<float>(m.gradients); }));
+      s.push_back(m.payload.count == 0 ? std::vector<std::byte>{} : wire::serialize(m.payload));
+    }
     return detail::pack_blobs(s);
   }
   void restore_state(std::span<const std::byte> bytes) override {
-    const auto parts = detail::unpack_blobs(bytes, 2 * codecs_.size(), "exchange gradiveq bucket state");
+    const std::size_t n = codecs_.size();
+    const char* where = "exchange gradiveq bucket state";
+    const auto parts = detail::unpack_blobs(bytes, 2 * n + 2 * memory_.size(), where);
     auto codecs = codecs_;
     auto samplers = samplers_;
-    for (std::size_t j = 0; j < codecs.size(); ++j) {
+    auto memory = memory_;
+    for (std::size_t j = 0; j < n; ++j) {
       codecs[j].restore_state(parts[j]);
-      samplers[j].restore_state(parts[codecs.size() + j]);
+      samplers[j].restore_state(parts[n + j]);
+    }
+    for (std::size_t j = 0; j < memory.size(); ++j) {
+      wire::header h;
+      wire::reader r = wire::parse_state(parts[2 * n + 2 * j], wire::codec_id::gradiveq, &h);
+      if (h.element_count != memory[j].gradients.size()) throw layout_error(std::string(where) + ": another layout");
+      r.get_array<float>(memory[j].gradients);
+      r.expect_end();
+      const auto held = parts[2 * n + 2 * j + 1];
+      memory[j].payload = {};
+      if (held.empty()) continue;
+      wire::parse_limits lim;
+      lim.max_element_count = memory[j].gradients.size();
+      memory[j].payload = wire::parse<gradiveq_payload>(held, lim);
+      if (memory[j].payload.count == 0 || memory[j].payload.fingerprint != codecs[j].fingerprint())
+        throw state_error(std::string(where) + ": an error-feedback payload of another basis");
     }
     codecs_ = std::move(codecs);
     samplers_ = std::move(samplers);
+    memory_ = std::move(memory);
+    next_memory_ = memory_;
   }
   std::vector<std::size_t> layer_bytes() const override { return bytes_; }
   std::string phase() const override {
@@ -214,8 +267,53 @@ class gradiveq_bucket final : public bucket_codec {
   const linear_compressor<Policy>& compressor(std::size_t j) const { return codecs_.at(j); }
 
  private:
+  /// Error feedback per layer: what the compressed steps since the last
+  /// sampling step left out is gradients - decode(payload) (count 0: none).
+  struct feedback_memory {
+    std::vector<float> gradients;
+    gradiveq_payload payload;
+  };
+
   bool quantized_sampling() const noexcept {
     return phase_ == gradiveq_phase::sampling && life_->schedule.sampling_quantized();
+  }
+
+  /// Error feedback is on and this step sends or keeps a residual.
+  bool feeds_back() const noexcept { return !memory_.empty() && phase_ != gradiveq_phase::warmup; }
+
+  /// e = m.gradients - decode(m.payload) into `out` (which may be m.gradients).
+  void form_residual(const feedback_memory& m, std::size_t j, std::vector<float>& out) {
+    if (m.payload.count == 0) {
+      if (&out != &m.gradients) out = m.gradients;
+      return;
+    }
+    scratch_.resize(out.size());
+    codecs_[j].decode(m.payload, scratch_);  // eq. 5 with count k: U_d (sum of c) + k mu / N
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = m.gradients[i] - scratch_[i];
+  }
+
+  /// A sampling step: g_t + e_t is sent, and the next memory is empty.
+  void send_residual() {
+    for (std::size_t j = 0; j < flat_.size(); ++j) {
+      auto& next = next_memory_[j];
+      form_residual(memory_[j], j, next.gradients);
+      float* g = flat_[j].data();
+      for (std::size_t i = 0; i < flat_[j].size(); ++i) g[i] += next.gradients[i];
+      std::fill(next.gradients.begin(), next.gradients.end(), 0.0f);
+      next.payload = {};
+    }
+  }
+
+  /// A compressed step: the next memory holds g_t and this node's payload too.
+  void hold(std::size_t j) {
+    const auto& m = memory_[j];
+    auto& next = next_memory_[j];
+    const float* held = m.gradients.data();
+    const float* g = flat_[j].data();
+    float* sum = next.gradients.data();
+    for (std::size_t i = 0; i < flat_[j].size(); ++i) sum[i] = held[i] + g[i];
+    next.payload = payloads_[j];
+    if (m.payload.count != 0) codecs_[j].accumulate(next.payload, m.payload);  // eq. 4
   }
 
   gradiveq_lifecycle* life_;
@@ -233,6 +331,9 @@ class gradiveq_bucket final : public bucket_codec {
   std::span<const float> reduced_;
   std::span<const std::vector<std::byte>> gathered_;
   std::vector<std::size_t> bytes_;
+  std::vector<feedback_memory> memory_;       // empty without error feedback
+  std::vector<feedback_memory> next_memory_;  // this step's, committed in finish()
+  std::vector<float> scratch_;
 };
 
 GRADCOMP_ABI_NAMESPACE_END

@@ -195,6 +195,8 @@ class plan {
       throw invalid_argument_error(
           "exchange::plan: LGC layers need plan_options::lgc_factory = exchange::lgc_bucket_factory<Policy>() "
           "(exchange/lgc_bucket.hpp)");
+    // GradiVeQ's schedule options are checked here, where the plan is made, not at the first step.
+    if (uses_gradiveq()) (void)gradiveq_schedule(opt_.gradiveq_schedule);
     make_buckets();
     fingerprint_ = compute_fingerprint();
   }
@@ -277,6 +279,8 @@ class plan {
     w.put<std::uint32_t>(s.qsgd_bits);
     w.put<double>(s.stale_threshold);
     w.put<std::uint8_t>(s.adaptive_cycles ? 1 : 0);
+    w.put<std::uint8_t>(s.error_feedback ? 1 : 0);
+    w.put<std::uint8_t>(s.spread_sampling ? 1 : 0);
     w.put<std::uint32_t>(opt_.qsgd.bits);
     w.put<std::uint32_t>(opt_.qsgd.levels);
     w.put<std::uint64_t>(opt_.qsgd.bucket_size);

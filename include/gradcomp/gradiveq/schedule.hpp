@@ -57,6 +57,25 @@ struct gradiveq_schedule_options {
   /// doubles it back towards compressed_iterations.
   bool adaptive_cycles = false;
   std::size_t min_compressed_iterations = 25;
+  /// Beyond the paper: error feedback. A compressed iteration leaves out the
+  /// part of each node's gradient outside span(U_d) (eq. 7's numerator); with
+  /// this set the exchange keeps that part per node and adds it to the next
+  /// iteration's gradient, and the first sampling iteration of the next cycle
+  /// sends what is left (QSGD is unbiased), so nothing is dropped, only
+  /// delayed. The payloads keep their size; the decode of the node's own
+  /// payload (eq. 5 with count 1) is the extra work.
+  bool error_feedback = false;
+  /// Beyond the paper: from the second cycle on, a cycle's L_t sampling
+  /// iterations are spread evenly over its C = L_t + L_c iterations
+  /// (iteration p of the cycle, 0-based, samples when
+  /// floor((p+1) L_t / C) > floor(p L_t / C); the last one always does) and
+  /// the bases are refitted at the cycle's end on those L_t samples. The
+  /// first cycle stays L_t then L_c (there is no basis before its fit). The
+  /// same iterations sample and compress as without it, so the bytes are
+  /// the same; with error_feedback the residual is sent every
+  /// C / L_t iterations or so instead of once a cycle. Needs a fixed L_c
+  /// (no stale_threshold, no adaptive_cycles).
+  bool spread_sampling = false;
 };
 
 /// What the caller must do after an iteration (returned by advance()).
@@ -92,6 +111,9 @@ class gradiveq_schedule {
       throw invalid_argument_error("gradiveq_schedule: stale_threshold must be >= 0");
     if (opt_.qsgd_bits < 1 || opt_.qsgd_bits > 16)
       throw invalid_argument_error("gradiveq_schedule: qsgd_bits must be in [1, 16]");
+    if (opt_.spread_sampling && (opt_.adaptive_cycles || opt_.stale_threshold != std::numeric_limits<double>::infinity()))
+      throw invalid_argument_error(
+          "gradiveq_schedule: spread_sampling needs a fixed L_c (no stale_threshold, no adaptive_cycles)");
     current_lc_ = opt_.compressed_iterations;
     if (opt_.warmup_iterations == 0) enter(gradiveq_phase::sampling);
   }
@@ -103,8 +125,12 @@ class gradiveq_schedule {
   std::uint64_t iteration() const noexcept { return iteration_; }
   /// Sampling/compressed cycles started (0 during warm-up, 1 in the first cycle).
   std::uint64_t cycle() const noexcept { return cycle_; }
-  /// Iterations already completed in the current phase.
+  /// Iterations already completed in the current phase (in a spread cycle:
+  /// in the current cycle).
   std::size_t phase_position() const noexcept { return position_; }
+  /// True from the second cycle on with spread_sampling: phases alternate
+  /// within a cycle of L_t + L_c iterations.
+  bool spread() const noexcept { return opt_.spread_sampling && cycle_ >= 2; }
   /// L_c of the current (or next) compressed phase; below L_c only with adaptive_cycles.
   std::size_t compressed_length() const noexcept { return current_lc_; }
   /// True when sampling iterations should be QSGD-quantized.
@@ -157,10 +183,13 @@ class gradiveq_schedule {
     reader::check(lc >= floor_lc() && lc <= opt_.compressed_iterations,
                   "gradiveq_schedule state: L_c out of range");
     const auto ph = static_cast<gradiveq_phase>(phase);
-    const std::uint64_t limit = ph == gradiveq_phase::warmup     ? opt_.warmup_iterations
+    const bool spread = opt_.spread_sampling && cycle >= 2;
+    const std::uint64_t limit = spread                           ? cycle_length()
+                                : ph == gradiveq_phase::warmup   ? opt_.warmup_iterations
                                 : ph == gradiveq_phase::sampling ? opt_.sampling_iterations
                                                                  : lc;
     reader::check(position < limit, "gradiveq_schedule state: position past its phase");
+    reader::check(!spread || spread_phase(position) == ph, "gradiveq_schedule state: phase and cycle position disagree");
     reader::check(stale < opt_.patience, "gradiveq_schedule state: stale run too long");
     reader::check((ph == gradiveq_phase::warmup) == (cycle == 0), "gradiveq_schedule state: cycle and phase disagree");
     reader::check(iteration >= position, "gradiveq_schedule state: iteration before its phase");
@@ -173,10 +202,29 @@ class gradiveq_schedule {
   }
 
  private:
+  std::uint64_t cycle_length() const noexcept {
+    return std::uint64_t{opt_.sampling_iterations} + std::uint64_t{opt_.compressed_iterations};
+  }
+  /// The phase of iteration p of a spread cycle (Bresenham: L_t of C sample).
+  gradiveq_phase spread_phase(std::uint64_t p) const noexcept {
+    const std::uint64_t c = cycle_length(), t = opt_.sampling_iterations;
+    return (p + 1) * t / c > p * t / c ? gradiveq_phase::sampling : gradiveq_phase::compressed;
+  }
+
   gradiveq_step step(bool majority) {
     gradiveq_step s;
     ++iteration_;
     ++position_;
+    if (spread()) {  // the cycle ends after its last (sampling) iteration: refit, start the next
+      if (position_ >= cycle_length()) {
+        s.fit_basis = true;
+        ++cycle_;
+        position_ = 0;
+      }
+      phase_ = spread_phase(position_);
+      s.next = phase_;
+      return s;
+    }
     switch (phase_) {
       case gradiveq_phase::warmup:
         if (position_ >= opt_.warmup_iterations) enter(gradiveq_phase::sampling);
@@ -196,6 +244,7 @@ class gradiveq_schedule {
                                 : std::min(opt_.compressed_iterations, 2 * current_lc_);
           s.ended_early = early;
           enter(gradiveq_phase::sampling);
+          if (spread()) phase_ = spread_phase(0);  // the first cycle ended: spread from here on
         }
         break;
       }
@@ -225,6 +274,8 @@ class gradiveq_schedule {
     visit("patience", std::uint64_t{opt_.patience});
     visit("adaptive_cycles", static_cast<std::uint8_t>(opt_.adaptive_cycles ? 1 : 0));
     visit("min_compressed_iterations", std::uint64_t{opt_.min_compressed_iterations});
+    visit("error_feedback", static_cast<std::uint8_t>(opt_.error_feedback ? 1 : 0));
+    visit("spread_sampling", static_cast<std::uint8_t>(opt_.spread_sampling ? 1 : 0));
   }
 
   gradiveq_schedule_options opt_;

@@ -1,0 +1,233 @@
+// GradiVeQ's error feedback in the whole-model exchange
+// (gradiveq_schedule_options::error_feedback) and the spread sampling steps
+// (spread_sampling): what the basis leaves out is delayed, never dropped
+// (residual conservation through a whole cycle), the memory survives
+// checkpoints, an abandoned step leaves it as it was, and a plan with either
+// option differs from one without.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <gradcomp/model_exchange.hpp>
+#include <gradcomp/transport/inproc.hpp>
+#include <support/equality.hpp>
+#include <support/exchange_fixtures.hpp>
+
+namespace gx = gradcomp::exchange;
+using gradcomp::test_support::bit_equal;
+using gradcomp::transport::inproc_endpoint;
+
+namespace {
+
+gx::model_description conv_model() {
+  gx::model_description m;
+  m.add_conv("conv1", 8, 4, 3, 3).add_dense("conv1.bias", 8, 1).add_conv("conv2", 8, 8, 3, 3);
+  return m;
+}
+
+/// warm-up 2, L_t 3, L_c 3 (steps 0-1 warm-up, 2-4 sampling, 5-7 compressed,
+/// 8-10 sampling, ...; spread: 8 C, 9 S, 10 C, 11 S, 12 C, 13 S and refit,
+/// ...); `feedback` on or off; sampling dense or QSGD.
+gx::plan_options feedback_options(bool feedback, bool dense_sampling, bool spread = false) {
+  gx::plan_options o = gradcomp::test_support::short_exchange_options(5);
+  o.gradiveq_schedule.error_feedback = feedback;
+  o.gradiveq_schedule.spread_sampling = spread;
+  if (dense_sampling) o.gradiveq_schedule.sampling = gradcomp::sampling_aggregation::uncompressed;
+  return o;
+}
+
+/// Gradients of (rank, step) with more directions than three samples can span,
+/// so the basis leaves a part of every compressed step out.
+std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step) {
+  std::vector<std::vector<float>> g;
+  std::uint64_t x = 0xD1B54A32D192ED03ull * (std::uint64_t(rank) + 1) ^ (step * 0x9E3779B97F4A7C15ull);
+  auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return float((x >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
+  };
+  for (const auto& l : m.layers()) {
+    std::vector<float> v(l.shape.size());
+    const float a = next(), b = next();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = a * std::sin(0.2f * float(i % 29)) + b * float(i % 3) + 0.3f * next();
+    g.push_back(std::move(v));
+  }
+  return g;
+}
+
+struct run_result {
+  std::vector<std::vector<double>> applied;  // sum over steps of the exchange's output (the mean), per layer
+  std::vector<std::vector<double>> sent;     // sum over steps and ranks of the gradients / N, per layer
+  std::vector<std::vector<float>> last;      // the last step's output
+};
+
+/// n ranks, `steps` steps; rank 0's sums.
+run_result run(int n, std::uint64_t steps, const gx::plan_options& o) {
+  const auto m = conv_model();
+  run_result res;
+  for (const auto& l : m.layers()) {
+    res.applied.emplace_back(l.shape.size(), 0.0);
+    res.sent.emplace_back(l.shape.size(), 0.0);
+  }
+  gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+    gx::model_exchange ex(ep, gx::plan(m, o));
+    for (std::uint64_t step = 0; step < steps; ++step) {
+      auto g = gradients(m, ep.rank(), step);
+      std::vector<std::span<float>> s(g.begin(), g.end());
+      REQUIRE_FALSE(ex.step(s).skipped);
+      if (ep.rank() != 0) continue;
+      for (std::size_t l = 0; l < m.size(); ++l)
+        for (std::size_t i = 0; i < g[l].size(); ++i) res.applied[l][i] += g[l][i];
+      if (step + 1 == steps) res.last = g;
+    }
+  });
+  for (std::uint64_t step = 0; step < steps; ++step)
+    for (int r = 0; r < n; ++r) {
+      const auto g = gradients(m, r, step);
+      for (std::size_t l = 0; l < m.size(); ++l)
+        for (std::size_t i = 0; i < g[l].size(); ++i) res.sent[l][i] += double(g[l][i]) / n;
+    }
+  return res;
+}
+
+/// max |applied - sent| over the conv layers, relative to max |sent|.
+double conservation_gap(const run_result& r) {
+  double gap = 0.0, scale = 0.0;
+  for (std::size_t l : {std::size_t(0), std::size_t(2)})
+    for (std::size_t i = 0; i < r.sent[l].size(); ++i) {
+      gap = std::max(gap, std::abs(r.applied[l][i] - r.sent[l][i]));
+      scale = std::max(scale, std::abs(r.sent[l][i]));
+    }
+  return gap / scale;
+}
+
+}  // namespace
+
+TEST_CASE("gradiveq error feedback: a cycle's left-out part arrives in the next sampling step (conservation)") {
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    // Through step 8, the first sampling step after L_c: every rank's gradients
+    // have reached the model, in full, with error feedback; without it the
+    // compressed steps' out-of-span parts are lost.
+    const auto with = run(n, 9, feedback_options(true, true));
+    const auto without = run(n, 9, feedback_options(false, true));
+    CHECK(conservation_gap(with) < 1e-5);
+    CHECK(conservation_gap(without) > 1e-2);
+    // In the middle of L_c the residual is held back, not yet applied.
+    CHECK(conservation_gap(run(n, 7, feedback_options(true, true))) > 1e-2);
+    // The dense bias is untouched by the option.
+    CHECK(bit_equal(with.last[1], without.last[1]));
+  }
+}
+
+TEST_CASE("gradiveq error feedback with spread sampling: every sampling step sends what was left out") {
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    for (std::uint64_t steps : {10u, 12u, 14u, 16u}) {  // through a sampling step
+      CAPTURE(steps);
+      CHECK(conservation_gap(run(n, steps, feedback_options(true, true, true))) < 1e-5);
+      CHECK(conservation_gap(run(n, steps, feedback_options(false, true, true))) > 1e-2);
+    }
+    for (std::uint64_t steps : {9u, 11u, 15u})  // through a compressed step: held back
+      CHECK(conservation_gap(run(n, steps, feedback_options(true, true, true))) > 1e-2);
+  }
+  // Spread sampling changes which steps compress, not how many: the bytes of
+  // a cycle are those of the contiguous schedule (the same fits, d included).
+  CHECK(gx::plan(conv_model(), feedback_options(true, false, true)).fingerprint() !=
+        gx::plan(conv_model(), feedback_options(true, false, false)).fingerprint());
+  // The plan checks the schedule's options where it is made: spread sampling needs a fixed L_c.
+  auto voting = feedback_options(true, false, true);
+  voting.gradiveq_schedule.stale_threshold = 0.5;
+  CHECK_THROWS_AS(gx::plan(conv_model(), voting), gradcomp::invalid_argument_error);
+}
+
+TEST_CASE("gradiveq error feedback: compressed steps send what they send without it; sampling steps differ") {
+  // Warm-up, the first sampling phase and the whole L_c (steps 0-7) are the
+  // same bits with and without error feedback: a residual is orthogonal to
+  // the basis that left it out, so it changes no compressed message. Step 8,
+  // the next sampling step, sends it.
+  for (std::uint64_t steps : {2u, 5u, 6u, 8u}) {
+    CAPTURE(steps);
+    const auto with = run(2, steps, feedback_options(true, false));
+    const auto without = run(2, steps, feedback_options(false, false));
+    for (std::size_t l = 0; l < with.last.size(); ++l) CHECK(bit_equal(with.last[l], without.last[l]));
+  }
+  const auto with = run(2, 9, feedback_options(true, false));
+  const auto without = run(2, 9, feedback_options(false, false));
+  CHECK_FALSE(bit_equal(with.last[0], without.last[0]));
+  CHECK_FALSE(bit_equal(with.last[2], without.last[2]));
+  CHECK(bit_equal(with.last[1], without.last[1]));  // the dense bias
+}
+
+TEST_CASE("gradiveq error feedback: the memory is part of the checkpoint; a skipped step keeps it") {
+  for (bool spread : {false, true}) {
+    CAPTURE(spread);
+    const int n = 3;
+    const auto o = feedback_options(true, false, spread);
+    const auto m = conv_model();
+    const std::uint64_t total = 16;
+    auto train = [&](gx::model_exchange<inproc_endpoint>& ex, int rank, std::vector<std::vector<float>>& acc,
+                     std::uint64_t first, std::uint64_t last) {
+      for (std::uint64_t step = first; step < last; ++step) {
+        auto g = gradients(m, rank, step);
+        std::vector<std::span<float>> s(g.begin(), g.end());
+        REQUIRE_FALSE(ex.step(s).skipped);
+        for (std::size_t l = 0; l < m.size(); ++l)
+          for (std::size_t i = 0; i < g[l].size(); ++i) acc[l][i] += g[l][i];
+      }
+    };
+    auto zeros = [&] {
+      std::vector<std::vector<float>> z;
+      for (const auto& l : m.layers()) z.emplace_back(l.shape.size(), 0.0f);
+      return z;
+    };
+    std::vector<std::vector<std::vector<float>>> straight(n);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, gx::plan(m, o));
+      auto acc = zeros();
+      train(ex, ep.rank(), acc, 0, total);
+      straight[std::size_t(ep.rank())] = acc;
+    });
+    for (std::uint64_t k : {6u, 7u, 9u, 10u, 13u}) {  // inside L_c (residual held), after a flush, a spread cycle
+      CAPTURE(k);
+      std::vector<std::vector<std::byte>> saved(n);
+      std::vector<std::vector<std::vector<float>>> partial(n), resumed(n);
+      gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+        gx::model_exchange ex(ep, gx::plan(m, o));
+        auto acc = zeros();
+        train(ex, ep.rank(), acc, 0, k);
+        saved[std::size_t(ep.rank())] = ex.save_state();
+        partial[std::size_t(ep.rank())] = acc;
+      });
+      gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+        gx::model_exchange ex(ep, gx::plan(m, o));
+        ex.restore_state(saved[std::size_t(ep.rank())]);
+        auto acc = partial[std::size_t(ep.rank())];
+        train(ex, ep.rank(), acc, k, total);
+        resumed[std::size_t(ep.rank())] = acc;
+      });
+      for (int r = 0; r < n; ++r)
+        for (std::size_t l = 0; l < m.size(); ++l) CHECK(bit_equal(resumed[std::size_t(r)][l], straight[std::size_t(r)][l]));
+    }
+    // A step in L_c that one rank's NaN makes every rank skip leaves the state
+    // (residual included) byte for byte as it was; a plan without error
+    // feedback refuses the checkpoint (another plan).
+    std::vector<int> same(n, 0);
+    gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+      gx::model_exchange ex(ep, gx::plan(m, o));
+      auto acc = zeros();
+      train(ex, ep.rank(), acc, 0, 6);
+      const auto before = ex.save_state();
+      auto g = gradients(m, ep.rank(), 6);
+      if (ep.rank() == 1) g[2][3] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<std::span<float>> s(g.begin(), g.end());
+      const bool skipped = ex.step(s).skipped;
+      same[std::size_t(ep.rank())] = skipped && ex.save_state() == before;
+      gx::model_exchange plain(ep, gx::plan(m, feedback_options(false, false)));
+      CHECK_THROWS_AS(plain.restore_state(before), gradcomp::layout_error);
+    });
+    for (int r = 0; r < n; ++r) CHECK(same[std::size_t(r)] == 1);
+    CHECK(gx::plan(m, o).fingerprint() != gx::plan(m, feedback_options(false, false)).fingerprint());
+  }
+}
