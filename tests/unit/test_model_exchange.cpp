@@ -41,19 +41,7 @@ gx::plan_options short_options(gx::codec_kind rest = gx::codec_kind::dense) {
 
 /// Deterministic gradients of (rank, step): low-rank structure plus noise.
 std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step) {
-  std::vector<std::vector<float>> g;
-  std::uint64_t x = 0x9E3779B97F4A7C15ull * (std::uint64_t(rank) + 1) ^ (step * 0xBF58476D1CE4E5B9ull);
-  auto next = [&x] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return float((x >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
-  };
-  for (const auto& l : m.layers()) {
-    std::vector<float> v(l.shape.size());
-    const float a = next(), b = next();
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = a * std::sin(0.1f * float(i % 37)) + b * float(i % 5) + 0.05f * next();
-    g.push_back(std::move(v));
-  }
-  return g;
+  return gradcomp::test_support::exchange_gradients(m, rank, step);
 }
 
 std::vector<std::span<float>> spans(std::vector<std::vector<float>>& g) {

@@ -41,19 +41,8 @@ gx::plan_options feedback_options(bool feedback, bool dense_sampling, bool sprea
 /// Gradients of (rank, step) with more directions than three samples can span,
 /// so the basis leaves a part of every compressed step out.
 std::vector<std::vector<float>> gradients(const gx::model_description& m, int rank, std::uint64_t step) {
-  std::vector<std::vector<float>> g;
-  std::uint64_t x = 0xD1B54A32D192ED03ull * (std::uint64_t(rank) + 1) ^ (step * 0x9E3779B97F4A7C15ull);
-  auto next = [&x] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return float((x >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
-  };
-  for (const auto& l : m.layers()) {
-    std::vector<float> v(l.shape.size());
-    const float a = next(), b = next();
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = a * std::sin(0.2f * float(i % 29)) + b * float(i % 3) + 0.3f * next();
-    g.push_back(std::move(v));
-  }
-  return g;
+  const gradcomp::test_support::gradient_recipe recipe{0xD1B54A32D192ED03ull, 0x9E3779B97F4A7C15ull, 0.2f, 29, 3, 0.3f};
+  return gradcomp::test_support::exchange_gradients(m, rank, step, recipe);
 }
 
 struct run_result {
@@ -208,7 +197,8 @@ TEST_CASE("gradiveq error feedback: the memory is part of the checkpoint; a skip
         resumed[std::size_t(ep.rank())] = acc;
       });
       for (int r = 0; r < n; ++r)
-        for (std::size_t l = 0; l < m.size(); ++l) CHECK(bit_equal(resumed[std::size_t(r)][l], straight[std::size_t(r)][l]));
+        for (std::size_t l = 0; l < m.size(); ++l)
+          CHECK(bit_equal(resumed[std::size_t(r)][l], straight[std::size_t(r)][l]));
     }
     // A step in L_c that one rank's NaN makes every rank skip leaves the state
     // (residual included) byte for byte as it was; a plan without error

@@ -111,7 +111,8 @@ class gradiveq_schedule {
       throw invalid_argument_error("gradiveq_schedule: stale_threshold must be >= 0");
     if (opt_.qsgd_bits < 1 || opt_.qsgd_bits > 16)
       throw invalid_argument_error("gradiveq_schedule: qsgd_bits must be in [1, 16]");
-    if (opt_.spread_sampling && (opt_.adaptive_cycles || opt_.stale_threshold != std::numeric_limits<double>::infinity()))
+    const bool fixed_lc = !opt_.adaptive_cycles && opt_.stale_threshold == std::numeric_limits<double>::infinity();
+    if (opt_.spread_sampling && !fixed_lc)
       throw invalid_argument_error(
           "gradiveq_schedule: spread_sampling needs a fixed L_c (no stale_threshold, no adaptive_cycles)");
     current_lc_ = opt_.compressed_iterations;
@@ -189,7 +190,8 @@ class gradiveq_schedule {
                                 : ph == gradiveq_phase::sampling ? opt_.sampling_iterations
                                                                  : lc;
     reader::check(position < limit, "gradiveq_schedule state: position past its phase");
-    reader::check(!spread || spread_phase(position) == ph, "gradiveq_schedule state: phase and cycle position disagree");
+    reader::check(!spread || spread_phase(position) == ph,
+                  "gradiveq_schedule state: phase and cycle position disagree");
     reader::check(stale < opt_.patience, "gradiveq_schedule state: stale run too long");
     reader::check((ph == gradiveq_phase::warmup) == (cycle == 0), "gradiveq_schedule state: cycle and phase disagree");
     reader::check(iteration >= position, "gradiveq_schedule state: iteration before its phase");
