@@ -59,11 +59,12 @@ struct gradiveq_schedule_options {
   std::size_t min_compressed_iterations = 25;
   /// Beyond the paper: error feedback. A compressed iteration leaves out the
   /// part of each node's gradient outside span(U_d) (eq. 7's numerator); with
-  /// this set the exchange keeps that part per node and adds it to the next
-  /// iteration's gradient, and the first sampling iteration of the next cycle
-  /// sends what is left (QSGD is unbiased), so nothing is dropped, only
-  /// delayed. The payloads keep their size; the decode of the node's own
-  /// payload (eq. 5 with count 1) is the extra work.
+  /// this set the whole-model exchange keeps that part per node and the next
+  /// sampling iteration sends it with its own gradient (QSGD is unbiased), so
+  /// nothing is dropped, only delayed. The payloads keep their size; the
+  /// extra work is a vector add per compressed iteration and one decode
+  /// (eq. 5) per sampling iteration that follows compressed ones
+  /// (exchange/gradiveq_bucket.hpp).
   bool error_feedback = false;
   /// Beyond the paper: from the second cycle on, a cycle's L_t sampling
   /// iterations are spread evenly over its C = L_t + L_c iterations
