@@ -121,8 +121,9 @@ TEST_CASE("gradiveq error feedback with spread sampling: every sampling step sen
     for (std::uint64_t steps : {9u, 11u, 15u})  // through a compressed step: held back
       CHECK(conservation_gap(run(n, steps, feedback_options(true, true, true))) > 1e-2);
   }
-  // Spread sampling changes which steps compress, not how many: the bytes of
-  // a cycle are those of the contiguous schedule (the same fits, d included).
+  // A plan with spread sampling is another plan (its checkpoints are refused
+  // by the contiguous one); how many steps a cycle samples is the schedule
+  // test's (test_gradiveq_schedule.cpp).
   CHECK(gx::plan(conv_model(), feedback_options(true, false, true)).fingerprint() !=
         gx::plan(conv_model(), feedback_options(true, false, false)).fingerprint());
   // The plan checks the schedule's options where it is made: spread sampling needs a fixed L_c.
