@@ -393,8 +393,8 @@ class GradiVeQState(CompressionState):
         "holdout_fraction": "gradiveq_holdout_fraction",
         # "float16": the fitted basis rounded to IEEE binary16 (half the bytes eqs. 3 and 5 read; docs/codecs.md)
         "basis_storage": "gradiveq_basis_storage",
-        # error feedback: what the basis leaves out of a rank's gradient is kept and added to its next
-        # one, the rest sent in the next cycle's first sampling step (docs/codecs.md)
+        # error feedback: what the basis leaves out of a rank's gradient is kept and sent at the next
+        # sampling step (docs/codecs.md)
         "error_feedback": "gradiveq_error_feedback",
         # from the second cycle on, the L_t sampling steps spread evenly over each L_t + L_c cycle
         # (the same bytes; with error_feedback the residual is sent every few steps)

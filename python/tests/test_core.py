@@ -271,7 +271,7 @@ def test_gradiveq_basis_storage_float16_is_a_plan_option():
 
 
 def test_gradiveq_error_feedback_is_a_plan_option():
-    # error feedback: its own plan fingerprint and saved state, the same payload sizes, the ranks agree
+    # error feedback: its own plan fingerprint, the same payload sizes, the ranks agree
     a = gradcomp.Plan(_model(), {"conv": "gradiveq"}).fingerprint
     assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_error_feedback": False}).fingerprint == a
     assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_error_feedback": True}).fingerprint != a

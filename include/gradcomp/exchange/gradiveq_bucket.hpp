@@ -251,8 +251,7 @@ class gradiveq_bucket final : public bucket_codec {
     }
     codecs_ = std::move(codecs);
     samplers_ = std::move(samplers);
-    memory_ = std::move(memory);
-    next_memory_ = memory_;
+    memory_ = std::move(memory);  // next_memory_ keeps its sizes; prepare() writes all of it
   }
   std::vector<std::size_t> layer_bytes() const override { return bytes_; }
   std::string phase() const override {

@@ -132,7 +132,7 @@ class gradiveq_schedule {
   std::size_t phase_position() const noexcept { return position_; }
   /// True from the second cycle on with spread_sampling: phases alternate
   /// within a cycle of L_t + L_c iterations.
-  bool spread() const noexcept { return opt_.spread_sampling && cycle_ >= 2; }
+  bool spread() const noexcept { return spreads_in(cycle_); }
   /// L_c of the current (or next) compressed phase; below L_c only with adaptive_cycles.
   std::size_t compressed_length() const noexcept { return current_lc_; }
   /// True when sampling iterations should be QSGD-quantized.
@@ -185,7 +185,7 @@ class gradiveq_schedule {
     reader::check(lc >= floor_lc() && lc <= opt_.compressed_iterations,
                   "gradiveq_schedule state: L_c out of range");
     const auto ph = static_cast<gradiveq_phase>(phase);
-    const bool spread = opt_.spread_sampling && cycle >= 2;
+    const bool spread = spreads_in(cycle);
     const std::uint64_t limit = spread                           ? cycle_length()
                                 : ph == gradiveq_phase::warmup   ? opt_.warmup_iterations
                                 : ph == gradiveq_phase::sampling ? opt_.sampling_iterations
@@ -205,6 +205,7 @@ class gradiveq_schedule {
   }
 
  private:
+  bool spreads_in(std::uint64_t cycle) const noexcept { return opt_.spread_sampling && cycle >= 2; }
   std::uint64_t cycle_length() const noexcept {
     return std::uint64_t{opt_.sampling_iterations} + std::uint64_t{opt_.compressed_iterations};
   }
