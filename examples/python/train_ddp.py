@@ -96,12 +96,17 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: encode and decode read, the same payload sizes); an ``_ef`` before it adds error feedback
 #: (error_feedback=True: what the basis leaves out of a rank's gradient is sent at the next sampling
 #: step) and ``_ef_spread`` also spreads each cycle's L_t sampling steps over the cycle
-#: (spread_sampling=True: the same steps sample, so the same bytes, and the residual leaves every few steps).
+#: (spread_sampling=True: the same steps sample, so the same bytes, and the residual leaves every few steps);
+#: ``_d256_ef_spread_f16`` is the latter with d at most 256 (between the two byte and time budgets);
+#: ``_efq`` instead of ``_ef`` also feeds back the L_t sampler's own QSGD rounding
+#: (sampling_error_feedback=True, bounded under the max-norm scale these recipes use).
 GRADIVEQ_CAPS = (128, 64)
 VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
                  + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16",
                     "gradcomp_gradiveq_max_ef_f16", "gradcomp_gradiveq_max_d128_ef_f16",
-                    "gradcomp_gradiveq_max_ef_spread_f16", "gradcomp_gradiveq_max_d128_ef_spread_f16"])
+                    "gradcomp_gradiveq_max_ef_spread_f16", "gradcomp_gradiveq_max_d128_ef_spread_f16",
+                    "gradcomp_gradiveq_max_d256_ef_spread_f16"]
+                 + [f"gradcomp_gradiveq_max{cap}_efq_spread_f16" for cap in ("", "_d256", "_d128")])
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
 GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
@@ -221,8 +226,12 @@ def full_settings(name, args):
                                              "conv only",
         "gradcomp_gradiveq_max_ef_spread_f16": f"{gradiveq_max}, error feedback, L_t spread over the cycle, "
                                                "binary16 basis; conv only",
-        "gradcomp_gradiveq_max_d128_ef_spread_f16": f"{gradiveq_max}, d at most 128, error feedback, L_t spread "
-                                                    "over the cycle, binary16 basis; conv only",
+        **{f"gradcomp_gradiveq_max_d{cap}_ef_spread_f16": f"{gradiveq_max}, d at most {cap}, error feedback, L_t "
+                                                           "spread over the cycle, binary16 basis; conv only"
+           for cap in (128, 256)},
+        **{f"gradcomp_gradiveq_max{cap}_efq_spread_f16":
+           f"{gradiveq_max}{cap.replace('_d', ', d at most ')}, error feedback with the sampler's rounding, L_t "
+           "spread over the cycle, binary16 basis; conv only" for cap in ("", "_d256", "_d128")},
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -262,12 +271,15 @@ def make_hook(name, model, args):
     if codec.startswith("gradiveq"):
         warm, lt = args.gradiveq_warmup, args.gradiveq_sampling
         norm = {"sampling_qsgd_norm": "max"} if codec != "gradiveq" else {}
-        if codec.endswith("_f16"):  # gradiveq_max[_d<cap>][_ef[_spread]]_f16
+        if codec.endswith("_f16"):  # gradiveq_max[_d<cap>][_ef[q][_spread]]_f16
             norm["basis_storage"] = "float16"
             codec = codec[:-len("_f16")]
         if codec.endswith("_spread"):
             norm["spread_sampling"] = True
             codec = codec[:-len("_spread")]
+        if codec.endswith("_efq"):  # gradiveq_max[_d<cap>]_efq: the sampler's rounding fed back too
+            norm["sampling_error_feedback"] = True
+            codec = codec[:-len("q")]
         if codec.endswith("_ef"):  # gradiveq_max[_d<cap>]_ef
             norm["error_feedback"] = True
             codec = codec[:-len("_ef")]
@@ -374,6 +386,22 @@ def evaluate(model, test_x, test_y, n):
     return acc
 
 
+def print_own_split(name, own_by_phase, steps):
+    """Rank 0's own time (encode, decode, Python) per phase of its codecs, and the steps that fitted a basis
+    (GradiVeQ: own time over 50x the phase's median), so that a share can be traced to its part."""
+    print(f"  {name}: own ms per step by phase (rank 0; encode, decode, python; fits: steps over 50x the median)")
+    for phase, (n, enc, dec, py, per_step) in own_by_phase.items():
+        median = float(np.median(per_step))
+        fits = [x for x in per_step if x > 50 * median and x > 0.05]
+        rest = n - len(fits)
+        fit_total = sum(fits)
+        body = (sum(per_step) - fit_total) / max(1, rest)
+        print(f"    {phase}: {n} steps, {1000 * (enc + dec + py) / n:.2f} ms (encode {1000 * enc / n:.2f}, decode "
+              f"{1000 * dec / n:.2f}, python {1000 * py / n:.2f}); without fits {1000 * body:.2f} ms; "
+              f"{len(fits)} fits, {1000 * fit_total / max(1, len(fits)):.0f} ms each, "
+              f"{1000 * fit_total / steps:.2f} ms per step of the run", flush=True)
+
+
 def worker(rank, world, port, name, args, data, queue):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -394,6 +422,8 @@ def worker(rank, world, port, name, args, data, queue):
         times = []
         loss_sum, loss_n = 0.0, 0
         eq7_sum, eq7_n = 0.0, 0  # GradiVeQ: this rank's eq. 7 relative loss, summed over its L_c steps
+        own_by_phase = {}  # gradcomp hooks, rank 0: phase -> [steps, encode s, decode s, python s]
+        split_after = {"encode": 0.0, "decode": 0.0, "python": 0.0}  # state.overhead() after the last step
         per_epoch = (len(train_y) // world) // args.batch
         t_start = time.perf_counter()
         for step, idx in enumerate(shard_batches(args, len(train_y), rank)):
@@ -406,6 +436,15 @@ def worker(rank, world, port, name, args, data, queue):
             loss.backward()
             opt.step()
             times.append(time.perf_counter() - t0)
+            if rank == 0 and name.startswith("gradcomp_"):
+                split_before, split_after = split_after, state.overhead()
+                phase = ",".join(sorted(set(state.phases().values())))
+                row = own_by_phase.setdefault(phase, [0, 0.0, 0.0, 0.0, []])
+                delta = [split_after[k] - split_before[k] for k in ("encode", "decode", "python")]
+                row[0] += 1
+                for i, d in enumerate(delta):
+                    row[1 + i] += d
+                row[4].append(sum(delta))
             eq7 = state.relative_compression_loss() if hasattr(state, "relative_compression_loss") else None
             if eq7 is not None:
                 eq7_sum += eq7
@@ -430,6 +469,8 @@ def worker(rank, world, port, name, args, data, queue):
         if rank == 0 and eq7_n:
             print(f"  {name}: mean eq. 7 relative loss in L_c {eq7_sum / eq7_n:.3f} over {eq7_n} steps (rank 0: "
                   "the share of its gradient's energy the basis left out)", flush=True)
+        if own_by_phase:
+            print_own_split(name, own_by_phase, args.steps)
         if name.startswith("gradcomp_"):
             result["bytes_per_step"] = state.stats["bytes_sent"] / args.steps
             result["hook_ms"] = 1000 * state.overhead()["own"] / args.steps  # encode, decode, Python; no waits

@@ -28,7 +28,9 @@ torch_ddp_resnet50_<hook>_own_ms and torch_ddp_resnet50_allreduce_ms.
 ``gradiveq-phases``: the demo model with train_ddp.py --full's GradiVeQ state
 (gradiveq_plus: pooled 16 slices, lambda 0.01, QSGD 4-bit sampling; the 1-D
 parameters and the fc weight dense), warm-up 5, L_t 150, L_c 100 by default
-(--gradiveq-schedule), 256 steps: the hook's own time split per phase (the
+(--gradiveq-schedule), 256 steps; --gradiveq-max-dimension, --gradiveq-basis-storage,
+--gradiveq-sampling-norm, --gradiveq-error-feedback and --gradiveq-spread-sampling select the
+variants of train_ddp.py's gradiveq_max hooks: the hook's own time split per phase (the
 step that ends L_t runs the PCA fit) and RESULT torch_ddp_gradiveq_fit_ms,
 torch_ddp_gradiveq_compressed_own_ms, torch_ddp_gradiveq_sampling_own_ms
 (the sampling steps without the fit).
@@ -195,6 +197,9 @@ def gradiveq_phases_worker(rank, world, args):
     warm, lt, lc = args.gradiveq_schedule
     cap = {"max_dimension": args.gradiveq_max_dimension} if args.gradiveq_max_dimension else {}
     cap["basis_storage"] = args.gradiveq_basis_storage
+    cap["sampling_qsgd_norm"] = args.gradiveq_sampling_norm
+    cap["error_feedback"] = args.gradiveq_error_feedback
+    cap["spread_sampling"] = args.gradiveq_spread_sampling
     state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, **cap, small="dense", small_below=0, seed=1,
                              warmup_iterations=warm, sampling_iterations=lt, compressed_iterations=lc,
                              options={"fallback": "dense"})
@@ -224,6 +229,9 @@ def gradiveq_phases(args):
     # the fit runs inside the last step that reports a sampling phase (its hook ends L_t)
     fit_steps = [i - 1 for i in range(1, args.steps) if per_rank[0][i - 1]["phase"].startswith("gradiveq:sampling")
                  and not per_rank[0][i]["phase"].startswith("gradiveq:sampling")]
+    if args.gradiveq_spread_sampling:  # from cycle 2 the sampling steps interleave; the refit ends each cycle
+        cycle = lt + lc
+        fit_steps = [warm + lt - 1] + list(range(warm + 2 * cycle - 1, args.steps, cycle))
     groups = {}
     for i, row in enumerate(per_rank[0]):
         key = "fit (the step ending L_t)" if i in fit_steps else row["phase"]
@@ -374,6 +382,12 @@ def main():
                     help="gradiveq-phases: cap on each layer's d (GradiVeQState max_dimension; 0: none)")
     ap.add_argument("--gradiveq-basis-storage", choices=["float32", "float16"], default="float32",
                     help="gradiveq-phases: GradiVeQState basis_storage (float16: the basis rounded to binary16)")
+    ap.add_argument("--gradiveq-sampling-norm", choices=["l2", "max"], default="l2",
+                    help="gradiveq-phases: GradiVeQState sampling_qsgd_norm (max: train_ddp.py's gradiveq_max)")
+    ap.add_argument("--gradiveq-error-feedback", action="store_true",
+                    help="gradiveq-phases: GradiVeQState error_feedback")
+    ap.add_argument("--gradiveq-spread-sampling", action="store_true",
+                    help="gradiveq-phases: GradiVeQState spread_sampling (the fit then ends each cycle)")
     args = ap.parse_args()
     args.gradiveq_schedule = tuple(int(x) for x in args.gradiveq_schedule.split(","))
     args.hooks = [h for h in args.hooks.split(",") if h]

@@ -399,6 +399,9 @@ class GradiVeQState(CompressionState):
         # from the second cycle on, the L_t sampling steps spread evenly over each L_t + L_c cycle
         # (the same bytes; with error_feedback the residual is sent every few steps)
         "spread_sampling": "gradiveq_spread_sampling",
+        # with error_feedback and sampling_qsgd_norm="max": the L_t sampler's own rounding is kept and
+        # sent too (bounded only under the max norm; docs/codecs.md)
+        "sampling_error_feedback": "gradiveq_sampling_error_feedback",
         # the L_t sampler's QSGD scale, "l2" (eq. 3.1) or "max" (QSGDState's ``norm``)
         "sampling_qsgd_norm": "qsgd_norm",
     }

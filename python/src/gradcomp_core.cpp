@@ -210,6 +210,8 @@ gx::plan_options options_from(const nb::dict& d) {
     else if (key == "min_compressed_iterations") o.gradiveq_schedule.min_compressed_iterations = count(v, key);
     else if (key == "gradiveq_error_feedback") o.gradiveq_schedule.error_feedback = number<bool>(v, key);
     else if (key == "gradiveq_spread_sampling") o.gradiveq_schedule.spread_sampling = number<bool>(v, key);
+    else if (key == "gradiveq_sampling_error_feedback")
+      o.gradiveq_schedule.sampling_error_feedback = number<bool>(v, key);
     else if (key == "powersgd_rank") o.powersgd.rank = count(v, key);
     else if (key == "powersgd_start_iter") o.powersgd.start_iter = count(v, key);
     else if (key == "powersgd_min_elements") o.powersgd.min_elements = count(v, key);

@@ -286,6 +286,16 @@ def test_gradiveq_error_feedback_is_a_plan_option():
     assert gt.GradiVeQState(Net(), spread_sampling=True)._plan_options["gradiveq_spread_sampling"] is True
     with pytest.raises(gradcomp.InvalidArgument, match="fixed L_c"):
         gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_spread_sampling": True, "stale_threshold": 0.5})
+    # the sampler's rounding fed back: with error feedback and the max-norm sampler only
+    ok = {"conv": "gradiveq", "gradiveq_error_feedback": True, "qsgd_norm": "max"}
+    c = gradcomp.Plan(_model(), {**ok, "gradiveq_sampling_error_feedback": True}).fingerprint
+    assert c != gradcomp.Plan(_model(), ok).fingerprint
+    state = gt.GradiVeQState(Net(), error_feedback=True, sampling_qsgd_norm="max", sampling_error_feedback=True)
+    assert state._plan_options["gradiveq_sampling_error_feedback"] is True
+    with pytest.raises(gradcomp.InvalidArgument, match="max-norm"):
+        gt.GradiVeQState(Net(), error_feedback=True, sampling_error_feedback=True)
+    with pytest.raises(gradcomp.InvalidArgument, match="needs error_feedback"):
+        gt.GradiVeQState(Net(), sampling_qsgd_norm="max", sampling_error_feedback=True)
 
 
 def test_qsgd_max_norm_is_a_plan_option_with_its_own_fingerprint():

@@ -109,7 +109,7 @@ def _train_all(rank, world, runs):
 
 
 def test_state_dict_resumes_bit_for_bit_at_2_ranks():
-    codecs = ["two_bit", "qsgd", "top_k", "gradiveq", "gradiveq_ef_spread"]
+    codecs = ["two_bit", "qsgd", "top_k", "gradiveq", "gradiveq_ef_spread", "gradiveq_efq_spread"]
     per_rank = h.unwrap(h.spawn(2, workers.resume_all, codecs))
     for results in per_rank:
         for codec in codecs:

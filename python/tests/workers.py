@@ -27,6 +27,10 @@ def make_state(codec: str, model):
     if codec == "gradiveq_ef_spread":  # error feedback, L_t spread: steps 7-9 compressed, then C S C S C S S
         return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=3,
                                 error_feedback=True, spread_sampling=True)
+    if codec == "gradiveq_efq_spread":  # the same, the max-norm sampler's own rounding fed back too
+        return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=3,
+                                error_feedback=True, spread_sampling=True, sampling_qsgd_norm="max",
+                                sampling_error_feedback=True)
     if codec == "qsgd":
         return gt.QSGDState(model, bits=4)
     if codec == "two_bit":
@@ -113,8 +117,10 @@ def resume(rank, world, codec, total=12, stop=6, load_hook_state=True):
 
 def resume_all(rank, world, codecs):
     """resume() for each codec, and for two-bit once more without loading the hook state (the control)."""
-    # gradiveq_ef_spread stops in L_c, its error-feedback memory held, and resumes through a spread cycle
-    steps_of = {"gradiveq_ef_spread": {"total": 16, "stop": 9}}
+    # gradiveq_ef_spread stops in L_c, its error-feedback memory held, and resumes through a spread cycle;
+    # gradiveq_efq_spread stops right after L_t, holding only the sampler's rounding, which the next
+    # (compressed) step must send
+    steps_of = {"gradiveq_ef_spread": {"total": 16, "stop": 9}, "gradiveq_efq_spread": {"total": 16, "stop": 7}}
     out = {codec: resume(rank, world, codec, **steps_of.get(codec, {})) for codec in codecs}
     out["two_bit without hook state"] = resume(rank, world, "two_bit", load_hook_state=False)
     return out

@@ -144,3 +144,32 @@ TEST_CASE("pca_decomposition: a cap's vectors by inverse iteration span what the
     CHECK((a - b).cwiseAbs().maxCoeff() < 1e-8);
   }
 }
+
+TEST_CASE("pca_decomposition: single-precision products fit the double fit's subspace to about 1e-6") {
+  // What basis_precision::float16 fits with: the Gram (or covariance) and
+  // the vectors' products in float. Its spectrum is the double one's within
+  // 1e-5 of the largest value, its vectors orthonormal within 1e-5, and the
+  // leading directions it keeps those of the double fit (a projector
+  // difference far below a binary16 basis' own rounding of 2^-11). R < K
+  // takes the Gram route, R > K the covariance route.
+  normal_stream g{23};
+  for (std::size_t R : {std::size_t(120), std::size_t(700)}) {
+    const std::size_t K = 384;
+    CAPTURE(R);
+    std::vector<float> rows(R * K);
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t k = 0; k < K; ++k) rows[r * K + k] = float(g() * std::exp(-double(k % 64) / 10.0) + 0.1);
+    const detail::pca_decomposition exact(rows.data(), R, K, pca_solver::automatic);
+    const detail::pca_decomposition single(rows.data(), R, K, pca_solver::automatic, 0,
+                                           detail::pca_precision::single_precision);
+    REQUIRE(single.spectrum().size() == exact.spectrum().size());
+    const double top = exact.spectrum()[0];
+    for (std::size_t i = 0; i < exact.spectrum().size(); ++i)
+      CHECK(std::abs(single.spectrum()[i] - exact.spectrum()[i]) <= 1e-5 * top);
+    CHECK((single.mean() - exact.mean()).cwiseAbs().maxCoeff() <= 1e-6 * exact.mean().cwiseAbs().maxCoeff());
+    const Eigen::Index d = 24;  // the directions above the flat noise floor of the % 64 profile
+    const Eigen::MatrixXd a = exact.vectors(d), b = single.vectors(d);
+    CHECK((b.transpose() * b - Eigen::MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff() < 1e-5);
+    CHECK((a * a.transpose() - b * b.transpose()).cwiseAbs().maxCoeff() < 1e-5);
+  }
+}

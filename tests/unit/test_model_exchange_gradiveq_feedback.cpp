@@ -1,7 +1,9 @@
 // GradiVeQ's error feedback in the whole-model exchange
-// (gradiveq_schedule_options::error_feedback) and the spread sampling steps
-// (spread_sampling): what the basis leaves out is delayed, never dropped
-// (residual conservation through a whole cycle), the memory survives
+// (gradiveq_schedule_options::error_feedback), the spread sampling steps
+// (spread_sampling) and the sampler's rounding fed back
+// (sampling_error_feedback): what the basis leaves out is delayed, never
+// dropped (residual conservation through a whole cycle), what the sampler
+// rounds away stays bounded, the memory survives
 // checkpoints, an abandoned step leaves it as it was, and a plan with either
 // option differs from one without.
 #include <doctest/doctest.h>
@@ -29,11 +31,14 @@ gx::model_description conv_model() {
 
 /// warm-up 2, L_t 3, L_c 3 (steps 0-1 warm-up, 2-4 sampling, 5-7 compressed,
 /// 8-10 sampling, ...; spread: 8 C, 9 S, 10 C, 11 S, 12 C, 13 S and refit,
-/// ...); `feedback` on or off; sampling dense or QSGD.
-gx::plan_options feedback_options(bool feedback, bool dense_sampling, bool spread = false) {
+/// ...); `feedback` on or off; sampling dense or QSGD; `rounding`: the QSGD
+/// sampler's rounding fed back too (with the max-norm sampler it needs).
+gx::plan_options feedback_options(bool feedback, bool dense_sampling, bool spread = false, bool rounding = false) {
   gx::plan_options o = gradcomp::test_support::short_exchange_options(5);
   o.gradiveq_schedule.error_feedback = feedback;
   o.gradiveq_schedule.spread_sampling = spread;
+  o.gradiveq_schedule.sampling_error_feedback = rounding;
+  if (rounding) o.qsgd.norm = gradcomp::execution::qsgd_norm::max;
   if (dense_sampling) o.gradiveq_schedule.sampling = gradcomp::sampling_aggregation::uncompressed;
   return o;
 }
@@ -150,11 +155,94 @@ TEST_CASE("gradiveq error feedback: compressed steps send what they send without
   CHECK(bit_equal(with.last[1], without.last[1]));  // the dense bias
 }
 
+/// max |g| over every rank's conv-layer gradients of steps [0, steps).
+double largest_gradient(int n, std::uint64_t steps) {
+  const auto m = conv_model();
+  double g_max = 0.0;
+  for (std::uint64_t step = 0; step < steps; ++step)
+    for (int r = 0; r < n; ++r) {
+      const auto g = gradients(m, r, step);
+      for (std::size_t l : {std::size_t(0), std::size_t(2)})
+        for (float x : g[l]) g_max = std::max(g_max, double(std::abs(x)));
+    }
+  return g_max;
+}
+
+/// max |applied - sent| over the conv layers (absolute).
+double absolute_gap(const run_result& r) {
+  double gap = 0.0;
+  for (std::size_t l : {std::size_t(0), std::size_t(2)})
+    for (std::size_t i = 0; i < r.sent[l].size(); ++i) gap = std::max(gap, std::abs(r.applied[l][i] - r.sent[l][i]));
+  return gap;
+}
+
+TEST_CASE("gradiveq sampling error feedback: what the sampler rounds away stays bounded (max-norm QSGD)") {
+  // 40 QSGD sampling steps in a row (4 bits, s = 7 levels, max-norm scale):
+  // applied - sent = -(1/N) sum_r e_r, and with the rounding fed back
+  // |e|_inf <= |g + e|_inf / s, so |applied - sent|_inf <= max |g| / (s - 1)
+  // at every step; without it the roundings add up like a random walk.
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    auto o = feedback_options(true, false, false, true);
+    o.gradiveq_schedule.sampling_iterations = 40;
+    auto plain = o;
+    plain.gradiveq_schedule.sampling_error_feedback = false;
+    for (std::uint64_t steps : {3u, 12u, 41u}) {
+      CAPTURE(steps);
+      const double bound = largest_gradient(n, steps) / 6.0;
+      CHECK(absolute_gap(run(n, steps, o)) <= bound * (1 + 1e-5));
+      if (steps == 41) CHECK(absolute_gap(run(n, steps, plain)) > 2 * bound);
+    }
+  }
+  // Through L_c and the next sampling steps the rounding is carried too: a
+  // compressed step after a sampling step encodes g + e (so its message
+  // differs from the one without the option) and the conservation holds to
+  // the last step's rounding.
+  const auto rounding = run(2, 9, feedback_options(true, false, false, true));
+  auto no_rounding_options = feedback_options(true, false, false, true);
+  no_rounding_options.gradiveq_schedule.sampling_error_feedback = false;
+  const auto no_rounding = run(2, 6, no_rounding_options);
+  CHECK_FALSE(bit_equal(run(2, 6, feedback_options(true, false, false, true)).last[0], no_rounding.last[0]));
+  CHECK(absolute_gap(rounding) <= largest_gradient(2, 9));
+
+  // The first compressed step sends the last sampling step's rounding: with
+  // a basis that spans every direction (lambda 0, every slice of 80 samples
+  // pooled: 240 rows, more than conv2's slice length 192) it arrives whole, the conservation is exact again there,
+  // while the sampling steps before it leave their last rounding out.
+  auto spanning = feedback_options(true, false, false, true);
+  spanning.gradiveq_schedule.sampling_iterations = 80;
+  spanning.gradiveq.lambda = 0.0;
+  spanning.gradiveq.source = gradcomp::basis_source::pooled;  // every slice of a sample is a row
+  spanning.gradiveq.pool_slices = 0;
+  for (int n : {1, 2}) {
+    CAPTURE(n);
+    const double g_max = largest_gradient(n, 83);
+    MESSAGE("through sampling: " << absolute_gap(run(n, 82, spanning)) / g_max
+            << ", through the first compressed step: " << absolute_gap(run(n, 83, spanning)) / g_max);
+    CHECK(absolute_gap(run(n, 82, spanning)) > 1e-3 * g_max);
+    CHECK(absolute_gap(run(n, 83, spanning)) < 1e-5 * g_max);
+  }
+
+  // Refused where it is not bounded or has nothing to feed back.
+  const auto m = conv_model();
+  auto l2 = feedback_options(true, false, false, true);
+  l2.qsgd.norm = gradcomp::execution::qsgd_norm::l2;
+  CHECK_THROWS_AS(gx::plan(m, l2), gradcomp::invalid_argument_error);
+  auto no_feedback = feedback_options(false, false, false, true);
+  CHECK_THROWS_AS(gx::plan(m, no_feedback), gradcomp::invalid_argument_error);
+  auto dense = feedback_options(true, true, false, true);
+  CHECK_THROWS_AS(gx::plan(m, dense), gradcomp::invalid_argument_error);
+  auto one_level = feedback_options(true, false, false, true);
+  one_level.gradiveq_schedule.qsgd_bits = 2;
+  CHECK_THROWS_AS(gx::plan(m, one_level), gradcomp::invalid_argument_error);
+  CHECK(gx::plan(m, feedback_options(true, false, false, true)).fingerprint() != gx::plan(m, no_rounding_options).fingerprint());
+}
+
 TEST_CASE("gradiveq error feedback: the memory is part of the checkpoint; a skipped step keeps it") {
-  for (bool spread : {false, true}) {
-    CAPTURE(spread);
+  for (int config : {0, 1, 2}) {  // contiguous, spread, spread with the sampler's rounding fed back
+    CAPTURE(config);
     const int n = 3;
-    const auto o = feedback_options(true, false, spread);
+    const auto o = feedback_options(true, false, config >= 1, config == 2);
     const auto m = conv_model();
     const std::uint64_t total = 16;
     auto train = [&](gx::model_exchange<inproc_endpoint>& ex, int rank, std::vector<std::vector<float>>& acc,

@@ -21,6 +21,14 @@
 /// one decode per flush instead of one per step. Warm-up iterations neither
 /// add nor keep one. The memory is updated when a step finishes, so an
 /// abandoned step leaves it as it was, and it is part of the saved state.
+///
+/// With sampling_error_feedback as well, a QSGD sampling iteration keeps its
+/// own rounding: e_{t+1} = x - Q(x), x = g_t + e_t (the sampler's decode of
+/// its own payload). That e is not orthogonal to the basis, so the first
+/// compressed iteration after it encodes g_t + e_t (eq. 3), and from then on
+/// the residual is orthogonal again and the lazy form above holds, its
+/// gradients' sum starting from e. With the max-norm scale and s >= 2 levels
+/// |e|_inf <= |x|_inf / s, so the memory stays bounded (schedule.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -100,8 +108,12 @@ class gradiveq_bucket final : public bucket_codec {
     if (feeds_back() && phase_ != gradiveq_phase::compressed) send_residual();
     if (phase_ == gradiveq_phase::compressed) {
       for (std::size_t j = 0; j < codecs_.size(); ++j) {
-        codecs_[j].encode(flat_[j], payloads_[j]);  // eq. 3 of g_t: U_d^T e = 0 (see the file comment)
-        if (feeds_back()) hold(j);
+        // eq. 3 of g_t: U_d^T e = 0 (see the file comment), except for a
+        // sampler's rounding not yet encoded, which is sent with g_t
+        const bool carry = carries_rounding(j);
+        if (carry) add_into(memory_[j].gradients, flat_[j]);
+        codecs_[j].encode(flat_[j], payloads_[j]);
+        if (feeds_back()) hold(j, carry);
         const auto l = codecs_[j].local_loss(flat_[j], payloads_[j]);
         life_->loss.loss += l.loss;
         life_->loss.energy += l.energy;
@@ -109,7 +121,10 @@ class gradiveq_bucket final : public bucket_codec {
       }
     } else if (quantized_sampling()) {
       for (auto& s : samplers_) undo_.push_back(s.save_state());
-      for (std::size_t j = 0; j < codecs_.size(); ++j) samplers_[j].encode(flat_[j], samples_[j]);
+      for (std::size_t j = 0; j < codecs_.size(); ++j) {
+        samplers_[j].encode(flat_[j], samples_[j]);
+        if (keeps_rounding()) keep_rounding(j);
+      }
     } else {
       for (std::size_t j = 0; j < codecs_.size(); ++j) bytes_[j] = 4 * shapes_[j].size();
     }
@@ -198,7 +213,8 @@ class gradiveq_bucket final : public bucket_codec {
   /// Fits every layer's basis (the end of L_t); called on every rank alike.
   void fit() {
     // A residual still held against the old basis is formed first (the
-    // schedules fit right after a sampling step, which sent it: none is).
+    // schedules fit right after a sampling step, which sent it: none is, or
+    // only that step's rounding, which the next compressed step encodes).
     for (std::size_t j = 0; j < memory_.size(); ++j) {
       form_residual(memory_[j], j, memory_[j].gradients);
       memory_[j].payload = {};
@@ -303,14 +319,37 @@ class gradiveq_bucket final : public bucket_codec {
     }
   }
 
-  /// A compressed step: the next memory holds g_t and this node's payload too.
-  void hold(std::size_t j) {
+  /// A sampler's rounding is fed back too (sampling_error_feedback).
+  bool keeps_rounding() const noexcept { return !memory_.empty() && life_->schedule.options().sampling_error_feedback; }
+
+  /// This compressed step is the first since a sampling step that kept its
+  /// rounding in layer j's memory (no payload held yet): it encodes g_t + e_t.
+  bool carries_rounding(std::size_t j) const noexcept { return keeps_rounding() && memory_[j].payload.count == 0; }
+
+  static void add_into(const std::vector<float>& from, std::vector<float>& to) noexcept {
+    for (std::size_t i = 0; i < to.size(); ++i) to[i] += from[i];
+  }
+
+  /// A QSGD sampling step sent Q(x), x = g_t + e_t (flat_): the next memory is x - Q(x).
+  void keep_rounding(std::size_t j) {
+    auto& next = next_memory_[j].gradients;
+    scratch_.resize(flat_[j].size());
+    samplers_[j].decode(samples_[j], scratch_);
+    const float* x = flat_[j].data();
+    for (std::size_t i = 0; i < next.size(); ++i) next[i] = x[i] - scratch_[i];
+  }
+
+  /// A compressed step: the next memory holds g_t and this node's payload
+  /// too (`carried`: flat_ already holds g_t + the memory's gradients).
+  void hold(std::size_t j, bool carried) {
     const auto& m = memory_[j];
     auto& next = next_memory_[j];
     const float* held = m.gradients.data();
     const float* g = flat_[j].data();
     float* sum = next.gradients.data();
-    for (std::size_t i = 0; i < flat_[j].size(); ++i) sum[i] = held[i] + g[i];
+    if (carried) std::memcpy(sum, g, flat_[j].size() * sizeof(float));
+    else
+      for (std::size_t i = 0; i < flat_[j].size(); ++i) sum[i] = held[i] + g[i];
     next.payload = payloads_[j];
     if (m.payload.count != 0) codecs_[j].accumulate(next.payload, m.payload);  // eq. 4
   }

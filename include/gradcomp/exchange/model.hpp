@@ -196,7 +196,14 @@ class plan {
           "exchange::plan: LGC layers need plan_options::lgc_factory = exchange::lgc_bucket_factory<Policy>() "
           "(exchange/lgc_bucket.hpp)");
     // GradiVeQ's schedule options are checked here, where the plan is made, not at the first step.
-    if (uses_gradiveq()) (void)gradiveq_schedule(opt_.gradiveq_schedule);
+    if (uses_gradiveq()) {
+      (void)gradiveq_schedule(opt_.gradiveq_schedule);
+      // The sampler's rounding fed back stays bounded only under the max-norm scale (schedule.hpp).
+      if (opt_.gradiveq_schedule.sampling_error_feedback && opt_.qsgd.norm != execution::qsgd_norm::max)
+        throw invalid_argument_error(
+            "exchange::plan: gradiveq sampling_error_feedback needs the max-norm QSGD sampler (qsgd.norm = max): "
+            "with the l2 norm one rounding can exceed the vector it rounds and the fed-back memory grows");
+    }
     make_buckets();
     fingerprint_ = compute_fingerprint();
   }
@@ -281,6 +288,7 @@ class plan {
     w.put<std::uint8_t>(s.adaptive_cycles ? 1 : 0);
     w.put<std::uint8_t>(s.error_feedback ? 1 : 0);
     w.put<std::uint8_t>(s.spread_sampling ? 1 : 0);
+    w.put<std::uint8_t>(s.sampling_error_feedback ? 1 : 0);
     w.put<std::uint32_t>(opt_.qsgd.bits);
     w.put<std::uint32_t>(opt_.qsgd.levels);
     w.put<std::uint64_t>(opt_.qsgd.bucket_size);

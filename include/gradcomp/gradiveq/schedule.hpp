@@ -77,6 +77,17 @@ struct gradiveq_schedule_options {
   /// C / L_t iterations or so instead of once a cycle. Needs a fixed L_c
   /// (no stale_threshold, no adaptive_cycles).
   bool spread_sampling = false;
+  /// Beyond the paper, with error_feedback: a QSGD sampling iteration also
+  /// keeps its own rounding, e_{t+1} = (g_t + e_t) - Q(g_t + e_t), which the
+  /// next iteration sends (a compressed one its part in span(U_d), eq. 3 of
+  /// g + e; the rest at the next sampling iteration), so that nothing the
+  /// sampler rounds away is lost either. Bounded only with the max-norm
+  /// scale (plan_options::qsgd.norm = qsgd_norm::max) and at least 2 levels
+  /// (qsgd_bits 4 or 8): then |e|_inf <= |x|_inf / s for the s levels, so
+  /// |e|_inf <= max |g|_inf / (s - 1) for ever; with the l2 scale one
+  /// rounding can exceed the vector it rounds and the memory grows
+  /// (docs/codecs.md). Needs sampling = qsgd.
+  bool sampling_error_feedback = false;
 };
 
 /// What the caller must do after an iteration (returned by advance()).
@@ -116,6 +127,14 @@ class gradiveq_schedule {
     if (opt_.spread_sampling && !fixed_lc)
       throw invalid_argument_error(
           "gradiveq_schedule: spread_sampling needs a fixed L_c (no stale_threshold, no adaptive_cycles)");
+    if (opt_.sampling_error_feedback && !opt_.error_feedback)
+      throw invalid_argument_error("gradiveq_schedule: sampling_error_feedback needs error_feedback");
+    if (opt_.sampling_error_feedback && opt_.sampling != sampling_aggregation::qsgd)
+      throw invalid_argument_error("gradiveq_schedule: sampling_error_feedback needs QSGD sampling (dense sampling rounds nothing)");
+    if (opt_.sampling_error_feedback && opt_.qsgd_bits < 4)
+      throw invalid_argument_error(
+          "gradiveq_schedule: sampling_error_feedback needs qsgd_bits 4 or 8 (at least 2 levels: with one the fed-back "
+          "rounding is not bounded)");
     current_lc_ = opt_.compressed_iterations;
     if (opt_.warmup_iterations == 0) enter(gradiveq_phase::sampling);
   }
@@ -280,6 +299,7 @@ class gradiveq_schedule {
     visit("min_compressed_iterations", std::uint64_t{opt_.min_compressed_iterations});
     visit("error_feedback", static_cast<std::uint8_t>(opt_.error_feedback ? 1 : 0));
     visit("spread_sampling", static_cast<std::uint8_t>(opt_.spread_sampling ? 1 : 0));
+    visit("sampling_error_feedback", static_cast<std::uint8_t>(opt_.sampling_error_feedback ? 1 : 0));
   }
 
   gradiveq_schedule_options opt_;
