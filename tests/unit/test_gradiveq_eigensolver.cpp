@@ -115,7 +115,7 @@ TEST_CASE("leading_eigensolver: eigenvalues over 12 decades, repeated, zero, and
   check_leading(with_spectrum(graded * 1e-200, 4), 10);
 }
 
-TEST_CASE("leading_eigensolver: many vectors expected use the full solver; the results agree") {
+TEST_CASE("leading_eigensolver: the full solver (any number expected) and inverse iteration agree") {
   const Eigen::Index n = 60;
   Eigen::VectorXd values(n);
   for (Eigen::Index i = 0; i < n; ++i) values(i) = 1.0 / double(1 + i);
@@ -124,7 +124,14 @@ TEST_CASE("leading_eigensolver: many vectors expected use the full solver; the r
   CHECK(all.eigenvalues() == few.eigenvalues());
   const Eigen::MatrixXd va = all.leading_vectors(10), vf = few.leading_vectors(10);
   for (Eigen::Index j = 0; j < 10; ++j) CHECK(std::abs(va.col(j).dot(vf.col(j))) > 1.0 - 1e-12);
-  check_leading(a, 30);  // above n / 3: the full solver's path
+  check_leading(a, 30);  // half the vectors: inverse iteration (the full solver only for 0 or all n expected)
+  check_leading(a, n - 1);  // all but one
+  // A flat tail: 40 equal eigenvalues after 20 distinct ones, asked past the
+  // cut into the cluster (its vectors orthogonalised against each other).
+  Eigen::VectorXd flat(n);
+  for (Eigen::Index i = 0; i < n; ++i) flat(i) = i < 20 ? 10.0 + double(i) : 1.0;
+  check_leading(with_spectrum(flat, 9), 45);
+  check_leading(with_spectrum(flat, 9), n - 1);
 }
 
 TEST_CASE("pca_decomposition: a cap's vectors by inverse iteration span what the full solver's do") {
