@@ -111,7 +111,7 @@ class gradiveq_bucket final : public bucket_codec {
         // eq. 3 of g_t: U_d^T e = 0 (see the file comment), except for a
         // sampler's rounding not yet encoded, which is sent with g_t
         const bool carry = carries_rounding(j);
-        if (carry) add_into(memory_[j].gradients, flat_[j]);
+        if (carry) add_into(Policy{}, std::span<float>(flat_[j]), std::span<const float>(memory_[j].gradients));
         codecs_[j].encode(flat_[j], payloads_[j]);
         if (feeds_back()) hold(j, carry);
         const auto l = codecs_[j].local_loss(flat_[j], payloads_[j]);
@@ -325,10 +325,6 @@ class gradiveq_bucket final : public bucket_codec {
   /// This compressed step is the first since a sampling step that kept its
   /// rounding in layer j's memory (no payload held yet): it encodes g_t + e_t.
   bool carries_rounding(std::size_t j) const noexcept { return keeps_rounding() && memory_[j].payload.count == 0; }
-
-  static void add_into(const std::vector<float>& from, std::vector<float>& to) noexcept {
-    for (std::size_t i = 0; i < to.size(); ++i) to[i] += from[i];
-  }
 
   /// A QSGD sampling step sent Q(x), x = g_t + e_t (flat_): the next memory is x - Q(x).
   void keep_rounding(std::size_t j) {

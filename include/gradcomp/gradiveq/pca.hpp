@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // GCC 12 reports -Wmaybe-uninitialized inside its AVX-512 intrinsics as
@@ -85,19 +86,15 @@ inline void normalise_signs(Eigen::MatrixXd& v) {
 
 /// One Cholesky QR pass given the Gram matrix w of v's columns (in whatever
 /// inner product): v <- v U^-1 with w = U^T U. False, v untouched, when w has
-/// no Cholesky factor worth the name (a diagonal entry of L at most 1e-8).
-inline bool cholesky_qr_pass(const Eigen::MatrixXd& w, Eigen::MatrixXd& v) {
-  Eigen::LLT<Eigen::MatrixXd> llt(w);
-  if (llt.info() != Eigen::Success || llt.matrixL().toDenseMatrix().diagonal().minCoeff() <= 1e-8) return false;
-  llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
-  return true;
-}
-
-/// cholesky_qr_pass for single-precision columns (the Gram matrix w in float).
-inline bool cholesky_qr_pass(const Eigen::MatrixXf& w, Eigen::MatrixXf& v) {
-  Eigen::LLT<Eigen::MatrixXf> llt(w);
-  if (llt.info() != Eigen::Success || llt.matrixL().toDenseMatrix().diagonal().minCoeff() <= 1e-4f) return false;
-  llt.matrixU().solveInPlace<Eigen::OnTheRight>(v);
+/// no Cholesky factor worth the name (a diagonal entry of L at most 1e-8 in
+/// double, 1e-4 in float: about the square root of each type's epsilon).
+template <class Matrix>
+inline bool cholesky_qr_pass(const std::type_identity_t<Matrix>& w, Matrix& v) {  // w: any expression, v deduces
+  using scalar = typename Matrix::Scalar;
+  const scalar floor = std::is_same_v<scalar, float> ? scalar(1e-4) : scalar(1e-8);
+  Eigen::LLT<Matrix> llt(w);
+  if (llt.info() != Eigen::Success || llt.matrixL().toDenseMatrix().diagonal().minCoeff() <= floor) return false;
+  llt.matrixU().template solveInPlace<Eigen::OnTheRight>(v);  // v <- v U^-1, U = L^T
   return true;
 }
 
