@@ -99,14 +99,17 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: (spread_sampling=True: the same steps sample, so the same bytes, and the residual leaves every few steps);
 #: ``_d256_ef_spread_f16`` is the latter with d at most 256 (between the two byte and time budgets);
 #: ``_efq`` instead of ``_ef`` also feeds back the L_t sampler's own QSGD rounding
-#: (sampling_error_feedback=True, bounded under the max-norm scale these recipes use).
+#: (sampling_error_feedback=True, bounded under the max-norm scale these recipes use); an ``_i8`` suffix
+#: instead of ``_f16`` stores each basis column as int8 values times a power of two (basis_storage="int8":
+#: a quarter of float32's bytes, the same payload sizes).
 GRADIVEQ_CAPS = (128, 64)
 VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
                  + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16",
                     "gradcomp_gradiveq_max_ef_f16", "gradcomp_gradiveq_max_d128_ef_f16",
                     "gradcomp_gradiveq_max_ef_spread_f16", "gradcomp_gradiveq_max_d128_ef_spread_f16",
                     "gradcomp_gradiveq_max_d256_ef_spread_f16"]
-                 + [f"gradcomp_gradiveq_max{cap}_efq_spread_f16" for cap in ("", "_d256", "_d128")])
+                 + [f"gradcomp_gradiveq_max{cap}_efq_spread_f16" for cap in ("", "_d256", "_d128")]
+                 + [f"gradcomp_gradiveq_max{cap}_ef_spread_i8" for cap in ("", "_d256")])
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
 GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
@@ -232,6 +235,9 @@ def full_settings(name, args):
         **{f"gradcomp_gradiveq_max{cap}_efq_spread_f16":
            f"{gradiveq_max}{cap.replace('_d', ', d at most ')}, error feedback with the sampler's rounding, L_t "
            "spread over the cycle, binary16 basis; conv only" for cap in ("", "_d256", "_d128")},
+        **{f"gradcomp_gradiveq_max{cap}_ef_spread_i8":
+           f"{gradiveq_max}{cap.replace('_d', ', d at most ')}, error feedback, L_t spread over the cycle, int8 "
+           "basis (a power of two per column); conv only" for cap in ("", "_d256")},
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -274,6 +280,9 @@ def make_hook(name, model, args):
         if codec.endswith("_f16"):  # gradiveq_max[_d<cap>][_ef[q][_spread]]_f16
             norm["basis_storage"] = "float16"
             codec = codec[:-len("_f16")]
+        if codec.endswith("_i8"):  # gradiveq_max[_d<cap>]_ef_spread_i8
+            norm["basis_storage"] = "int8"
+            codec = codec[:-len("_i8")]
         if codec.endswith("_spread"):
             norm["spread_sampling"] = True
             codec = codec[:-len("_spread")]

@@ -380,8 +380,8 @@ def main():
     ap.add_argument("--gradiveq-schedule", default="5,150,100", help="gradiveq-phases: warm-up,L_t,L_c")
     ap.add_argument("--gradiveq-max-dimension", type=int, default=0,
                     help="gradiveq-phases: cap on each layer's d (GradiVeQState max_dimension; 0: none)")
-    ap.add_argument("--gradiveq-basis-storage", choices=["float32", "float16"], default="float32",
-                    help="gradiveq-phases: GradiVeQState basis_storage (float16: the basis rounded to binary16)")
+    ap.add_argument("--gradiveq-basis-storage", choices=["float32", "float16", "int8"], default="float32",
+                    help="gradiveq-phases: GradiVeQState basis_storage (float16: the basis rounded to binary16; int8: each column to int8 times a power of two)")
     ap.add_argument("--gradiveq-sampling-norm", choices=["l2", "max"], default="l2",
                     help="gradiveq-phases: GradiVeQState sampling_qsgd_norm (max: train_ddp.py's gradiveq_max)")
     ap.add_argument("--gradiveq-error-feedback", action="store_true",

@@ -391,7 +391,8 @@ class GradiVeQState(CompressionState):
         # and d chosen on the last `holdout_fraction` of the samples, held out of the fit
         "source": "gradiveq_source", "pool_slices": "gradiveq_pool_slices",
         "holdout_fraction": "gradiveq_holdout_fraction",
-        # "float16": the fitted basis rounded to IEEE binary16 (half the bytes eqs. 3 and 5 read; docs/codecs.md)
+        # "float16": the fitted basis rounded to IEEE binary16 (half the bytes eqs. 3 and 5 read); "int8": each
+        # column rounded to int8 values times a power of two (a quarter of them; docs/codecs.md)
         "basis_storage": "gradiveq_basis_storage",
         # error feedback: what the basis leaves out of a rank's gradient is kept and sent at the next
         # sampling step (docs/codecs.md)

@@ -191,11 +191,12 @@ gx::plan_options options_from(const nb::dict& d) {
       if (src == "first_slice") o.gradiveq.source = gradcomp::basis_source::first_slice;
       else if (src == "pooled") o.gradiveq.source = gradcomp::basis_source::pooled;
       else invalid("gradiveq_source must be 'first_slice' or 'pooled'");
-    } else if (key == "gradiveq_basis_storage") {  // beyond the paper: the basis rounded to binary16 after the fit
+    } else if (key == "gradiveq_basis_storage") {  // beyond the paper: the basis rounded to binary16 or int8 after the fit
       const auto b = number<std::string>(v, key);
       if (b == "float32") o.gradiveq.basis_storage = gradcomp::basis_precision::float32;
       else if (b == "float16") o.gradiveq.basis_storage = gradcomp::basis_precision::float16;
-      else invalid("gradiveq_basis_storage must be 'float32' or 'float16'");
+      else if (b == "int8") o.gradiveq.basis_storage = gradcomp::basis_precision::int8;
+      else invalid("gradiveq_basis_storage must be 'float32', 'float16' or 'int8'");
     } else if (key == "gradiveq_pool_slices") o.gradiveq.pool_slices = count(v, key);
     else if (key == "gradiveq_holdout_fraction") o.gradiveq.holdout_fraction = number<double>(v, key);
     else if (key == "warmup_iterations") o.gradiveq_schedule.warmup_iterations = count(v, key);

@@ -257,15 +257,19 @@ def test_gradiveq_plus_options_and_their_errors():
             gt.GradiVeQState(model, **bad)
 
 
-def test_gradiveq_basis_storage_float16_is_a_plan_option():
-    # the basis rounded to binary16 after the fit: its own plan fingerprint, the same payload sizes,
-    # every rank the same sum (checked by the helper), and a typed error for an unknown storage
+def test_gradiveq_basis_storage_float16_and_int8_are_plan_options():
+    # the basis rounded to binary16, or to int8 times a power of two per column, after the fit: each
+    # its own plan fingerprint, the same payload sizes, every rank the same sum (checked by the
+    # helper), and a typed error for an unknown storage
     a = gradcomp.Plan(_model(), {"conv": "gradiveq"}).fingerprint
     assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_basis_storage": "float32"}).fingerprint == a
-    assert gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_basis_storage": "float16"}).fingerprint != a
-    assert _compressed_sum_length({"gradiveq_basis_storage": "float16"}) == _compressed_sum_length({})
-    assert gt.GradiVeQState(Net(), basis_storage="float16")._plan_options["gradiveq_basis_storage"] == "float16"
-    for bad in ("half", "bf16", 16):
+    narrow = {gradcomp.Plan(_model(), {"conv": "gradiveq", "gradiveq_basis_storage": s}).fingerprint
+              for s in ("float16", "int8")}
+    assert len(narrow) == 2 and a not in narrow
+    for storage in ("float16", "int8"):
+        assert _compressed_sum_length({"gradiveq_basis_storage": storage}) == _compressed_sum_length({})
+        assert gt.GradiVeQState(Net(), basis_storage=storage)._plan_options["gradiveq_basis_storage"] == storage
+    for bad in ("half", "bf16", 16, "uint8", "int4"):
         with pytest.raises(gradcomp.InvalidArgument):
             gt.GradiVeQState(Net(), basis_storage=bad)
 

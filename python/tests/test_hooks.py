@@ -190,6 +190,19 @@ def _train_ddp_module():
     return mod
 
 
+def test_train_ddp_every_hook_has_full_settings():
+    """Every hook --hooks accepts names its settings for the --full CSV (a variant without them trained
+    for minutes and then failed to write its row)."""
+    import argparse
+    mod = _train_ddp_module()
+    args = argparse.Namespace(gradiveq_warmup=500, gradiveq_sampling=150, gradiveq_compressed=400, powersgd_rank=6,
+                              powersgd_start=234, lr=0.05, full=True)
+    for name in mod.BUILTIN_HOOKS + mod.GRADCOMP_HOOKS + mod.VARIANT_HOOKS:
+        settings = mod.full_settings(name, args)
+        assert "lr 0.05" in settings, name
+    assert "int8 basis" in mod.full_settings("gradcomp_gradiveq_max_d256_ef_spread_i8", args)
+
+
 def test_train_ddp_full_rows_and_matched_powersgd(tmp_path):
     """--full (examples/train's schedule) on random images, 2 workers, half an epoch: one CSV row per
     (hook, seed); the built-in PowerSGD's rank is the one whose bytes match gradcomp_gradiveq's row."""

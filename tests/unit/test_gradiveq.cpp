@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -1066,34 +1068,36 @@ TEST_CASE("gradiveq: the Gram route orthonormalises in the G inner product, then
   CHECK(q == q0);
 }
 
-TEST_CASE("gradiveq: basis_storage float16 rounds the fitted basis once and stays linear, bit-exact and restorable") {
+// What a rounded basis storage (float16, int8) keeps: the fit of the single-
+// precision products (spectrum, d, mean to 1e-6), each basis value a rounded
+// value (`rounded_values`: checks every value of the K x d basis against the
+// double fit's), columns orthonormal within `orthonormal_within`, a linear
+// codec whose decoded sum is eq. 5 on the rounded basis, and a saved state
+// that restores the same codec and refuses another storage.
+static void check_rounded_basis_storage(
+    basis_precision storage, double orthonormal_within,
+    const std::function<void(std::span<const float> rounded, std::span<const float> fitted, std::size_t k)>&
+        rounded_values) {
   const low_rank_source src(64, 6, 0.02, 77);
   const std::size_t slices = 5, tail = 3, N = 3;
   gradiveq_options full_precision;
-  gradiveq_options half = full_precision;
-  half.basis_storage = basis_precision::float16;
+  gradiveq_options narrow = full_precision;
+  narrow.basis_storage = storage;
   auto f32 = fitted(src, slices, tail, 25, full_precision, 5);
-  auto f16 = fitted(src, slices, tail, 25, half, 5);
-  // The same fit to the single-precision products' 1e-6 (spectrum, d, mean);
-  // the basis is binary16 values, each within its rounding of the double fit's.
+  auto f16 = fitted(src, slices, tail, 25, narrow, 5);
   REQUIRE(f16.dimension() == f32.dimension());
   REQUIRE(f16.spectrum().size() == f32.spectrum().size());
   for (std::size_t i = 0; i < f32.spectrum().size(); ++i)
     CHECK(f16.spectrum()[i] == doctest::Approx(f32.spectrum()[i]).epsilon(1e-5).scale(f32.spectrum()[0]));
   for (std::size_t i = 0; i < f32.mean().size(); ++i)
     CHECK(f16.mean()[i] == doctest::Approx(f32.mean()[i]).epsilon(1e-6));
+  rounded_values(f16.basis(), f32.basis(), 64);
   std::size_t moved = 0;
-  for (std::size_t i = 0; i < f32.basis().size(); ++i) {
-    const float v = f16.basis()[i];
-    CHECK(execution::half_bits_to_float(execution::float_to_half_bits_saturated(v)) == v);  // a binary16 value
-    CHECK(std::abs(v - f32.basis()[i]) <= std::ldexp(std::abs(f32.basis()[i]), -10) + 1e-5f);
-    moved += v != f32.basis()[i];
-  }
+  for (std::size_t i = 0; i < f32.basis().size(); ++i) moved += f16.basis()[i] != f32.basis()[i];
   CHECK(moved > f32.basis().size() / 2);  // the rounding is real
   CHECK(f16.fingerprint() != f32.fingerprint());
-  // Orthonormal to binary16's precision.
   const Eigen::MatrixXd u = basis_of(f16);
-  CHECK((u.transpose() * u - Eigen::MatrixXd::Identity(u.cols(), u.cols())).cwiseAbs().maxCoeff() < 4e-3);
+  CHECK((u.transpose() * u - Eigen::MatrixXd::Identity(u.cols(), u.cols())).cwiseAbs().maxCoeff() < orthonormal_within);
   // Linear (eq. 4) and the decode of the sum is eq. 5 on the rounded basis.
   f16.set_summands(N);
   auto whole = f16;
@@ -1123,7 +1127,7 @@ TEST_CASE("gradiveq: basis_storage float16 rounds the fitted basis once and stay
   }
   // A saved state restores the same codec (the rounding is idempotent) and refuses the other storage.
   const auto state = f16.save_state();
-  gradiveq_options restored_opt = half;
+  gradiveq_options restored_opt = narrow;
   restored_opt.slice_size = 64;
   linear_compressor<> back(f16.layer_length(), restored_opt);
   back.set_summands(N);
@@ -1139,8 +1143,41 @@ TEST_CASE("gradiveq: basis_storage float16 rounds the fitted basis once and stay
   linear_compressor<> other(f16.layer_length(), other_opt);
   other.set_summands(N);
   CHECK(test_support::mismatched_option_of(other, state) == "basis_storage");
+}
+
+TEST_CASE("gradiveq: basis_storage float16 rounds the fitted basis once and stays linear, bit-exact and restorable") {
+  // Each basis value a binary16 value within its rounding of the double fit's; orthonormal to binary16's precision.
+  check_rounded_basis_storage(basis_precision::float16, 4e-3,
+                              [](std::span<const float> rounded, std::span<const float> fitted, std::size_t) {
+                                for (std::size_t i = 0; i < fitted.size(); ++i) {
+                                  const float v = rounded[i];
+                                  CHECK(execution::half_bits_to_float(execution::float_to_half_bits_saturated(v)) == v);
+                                  CHECK(std::abs(v - fitted[i]) <= std::ldexp(std::abs(fitted[i]), -10) + 1e-5f);
+                                }
+                              });
   // An unknown storage value is refused.
   gradiveq_options bad;
   bad.basis_storage = static_cast<basis_precision>(7);
   CHECK_THROWS_AS(linear_compressor<>(128, bad), invalid_argument_error);
+}
+
+TEST_CASE("gradiveq: basis_storage int8 rounds each column to int8 times a power of two, linear and restorable") {
+  // Column j: every value q 2^e_j with |q| <= 127, 2^e_j the smallest power of
+  // two with max |u_j| <= 127 2^e_j, within half a step (plus the float fit's
+  // 1e-5) of the double fit's value; orthonormal within the rounding (K = 64:
+  // each entry moves by up to 1/254 of its column's largest).
+  check_rounded_basis_storage(basis_precision::int8, 3e-2,
+                              [](std::span<const float> rounded, std::span<const float> fitted, std::size_t k) {
+                                for (std::size_t j = 0; j < fitted.size() / k; ++j) {
+                                  float m = 0.0f;
+                                  for (std::size_t i = 0; i < k; ++i) m = std::max(m, std::abs(rounded[j * k + i]));
+                                  const float step = detail::int8_column_scale(m);
+                                  for (std::size_t i = 0; i < k; ++i) {
+                                    const float v = rounded[j * k + i];
+                                    CHECK(std::nearbyint(v / step) == v / step);
+                                    CHECK(std::abs(v / step) <= 127.0f);
+                                    CHECK(std::abs(v - fitted[j * k + i]) <= step / 2.0f + 1e-5f);
+                                  }
+                                }
+                              });
 }

@@ -136,6 +136,87 @@ TEST_CASE("seq GradiVeQ kernels: a binary16 basis gives the float kernels' bits 
       }
 }
 
+TEST_CASE("seq GradiVeQ kernels: an int8 basis with column scales gives the float kernels' bits on the same values") {
+  // basis_precision::int8: AVX2 and AVX-512 builds read the int8 copy and
+  // multiply each load by its column's power of two; the float copy holds the
+  // same values (q * 2^e exactly), so every path must agree bit for bit with
+  // the float kernels, including the tails (d % 8 columns, k % 16 rows) that
+  // read the float copy and the packed eq. 3 that packs it. Columns of very
+  // different magnitudes: each has its own scale.
+  for (std::size_t k : {8u, 16u, 24u, 48u, 64u, 264u, 12288u})
+    for (std::size_t d : {4u, 8u, 13u, 32u})
+      for (std::size_t slices : {1u, 3u, 7u, 300u}) {
+        if (k * slices > 400000) continue;
+        CAPTURE(k);
+        CAPTURE(d);
+        CAPTURE(slices);
+        vec u = values(k * d, 42, 0.1f);
+        for (std::size_t j = 0; j < d; ++j)
+          for (std::size_t i = 0; i < k; ++i) u[j * k + i] *= std::ldexp(1.0f, int(j % 7) * 3 - 9);
+        std::vector<std::int8_t> q;
+        std::vector<float> scale;
+        gradcomp::detail::round_basis_to_int8(u, k, q, scale);
+        REQUIRE(scale.size() == d);
+        const ex::gradiveq_narrow_basis narrow(q.data(), scale.data());
+        const vec x = values(slices * k, 43), off = values(d, 44), mu = values(k, 45);
+        vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
+        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data(), narrow);
+        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ref.data());
+        CHECK(bit_equal(y, ref));
+        for (bool add : {false, true}) {
+          CAPTURE(add);
+          vec out = values(slices * k, 46), want = out;
+          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, out.data(),
+                                     narrow);
+          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, want.data());
+          CHECK(bit_equal(out, want));
+        }
+      }
+}
+
+TEST_CASE("gradiveq int8 basis rounding: one power of two per column, 7 bits for the largest value, idempotent") {
+  // int8_column_scale: the smallest power of two 2^e with m <= 127 * 2^e.
+  for (float m : {1.0f, 0.75f, 127.0f / 128.0f, 0.9961f, 0.5f, 3.0e-3f, 1.0e-30f, 126.9f, 127.0f, 127.5f}) {
+    CAPTURE(m);
+    const float s = gradcomp::detail::int8_column_scale(m);
+    int e = 0;
+    CHECK(std::frexp(s, &e) == 0.5f);  // a power of two
+    CHECK(m <= 127.0f * s);
+    CHECK(m > 127.0f * s / 2.0f);  // the smallest such
+  }
+  vec u = values(300 * 5, 7, 0.05f);
+  u[2 * 300 + 17] = 0.0f;
+  for (std::size_t i = 0; i < 300; ++i) u[4 * 300 + i] = 0.0f;  // a zero column keeps scale 1
+  const vec before = u;
+  std::vector<std::int8_t> q;
+  std::vector<float> scale;
+  gradcomp::detail::round_basis_to_int8(u, 300, q, scale);
+  REQUIRE(q.size() == u.size());
+  CHECK(scale[4] == 1.0f);
+  for (std::size_t j = 0; j < 4; ++j) {
+    CAPTURE(j);
+    float m = 0.0f, largest_q = 0.0f;
+    for (std::size_t i = 0; i < 300; ++i) {
+      const std::size_t at = j * 300 + i;
+      m = std::max(m, std::abs(before[at]));
+      largest_q = std::max(largest_q, std::abs(float(q[at])));
+      CHECK(u[at] == float(q[at]) * scale[j]);                        // the float copy holds q 2^e exactly
+      CHECK(std::abs(u[at] - before[at]) <= scale[j] / 2.0f);        // rounded to nearest
+    }
+    CHECK(largest_q >= 64.0f);
+    CHECK(largest_q <= 127.0f);
+    CHECK(m <= 127.0f * scale[j]);
+  }
+  // Rounding the rounded values again changes nothing.
+  const vec once = u;
+  const auto q_once = q;
+  const auto scale_once = scale;
+  gradcomp::detail::round_basis_to_int8(u, 300, q, scale);
+  CHECK(bit_equal(u, once));
+  CHECK(q == q_once);
+  CHECK(scale == scale_once);
+}
+
 TEST_CASE("seq GradiVeQ kernels: the reference order is the documented one") {
   // eq. 3: 8 lanes over i mod 8, each fused in index order, summed
   // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), minus the offset.

@@ -27,12 +27,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <numbers>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace gradcomp;
@@ -513,6 +515,36 @@ TEST_CASE("thrust GradiVeQ kernels: d = 0, accumulate into out, odd sizes") {
         CHECK(max_abs_diff(os, oo) <= 1e-6f * scale_o);
       }
     }
+}
+
+TEST_CASE("thrust GradiVeQ kernels: a narrow basis (binary16, int8 with column scales) gives seq's float bits") {
+  // The host systems run the generic row kernels on their items, reading the
+  // narrow copy where the build widens it: the same bits as seq on the float
+  // copy of the same values, whatever the item split.
+  const std::size_t k = 264, d = 13, slices = 37;
+  const auto x = normal_floats(slices * k, 1), off = normal_floats(d, 3), mu = normal_floats(k, 4);
+  std::vector<float> u16 = normal_floats(k * d, 2), u8 = u16;
+  std::vector<std::uint16_t> half(u16.size());
+  ex::floats_to_half_portable(u16, half);
+  ex::half_to_floats_portable(half, u16);
+  std::vector<std::int8_t> q;
+  std::vector<float> q_scale;
+  gradcomp::detail::round_basis_to_int8(u8, k, q, q_scale);
+  const std::pair<const std::vector<float>*, ex::gradiveq_narrow_basis> cases[] = {
+      {&u16, ex::gradiveq_narrow_basis(half.data())}, {&u8, ex::gradiveq_narrow_basis(q.data(), q_scale.data())}};
+  for (const auto& [u, narrow] : cases) {
+    std::vector<float> ys(slices * d), yo(slices * d);
+    ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u->data(), d, off.data(), ys.data());
+    ex::gradiveq_compress_slices(ex::thrust_omp{}, x.data(), slices, k, u->data(), d, off.data(), yo.data(), narrow);
+    CHECK(ys == yo);
+    for (bool add : {false, true}) {
+      std::vector<float> os = normal_floats(slices * k, 5), oo = os;
+      ex::gradiveq_expand_slices(ex::seq{}, ys.data(), slices, d, u->data(), k, mu.data(), 0.5f, add, os.data());
+      ex::gradiveq_expand_slices(ex::thrust_omp{}, ys.data(), slices, d, u->data(), k, mu.data(), 0.5f, add,
+                                 oo.data(), narrow);
+      CHECK(os == oo);
+    }
+  }
 }
 
 #else  // !GRADCOMP_HAS_THRUST

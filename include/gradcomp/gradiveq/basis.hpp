@@ -16,6 +16,7 @@
 
 #include <gradcomp/errors.hpp>
 #include <gradcomp/gradiveq/pca.hpp>
+#include <gradcomp/system/generic/gradiveq/portable.hpp>
 #include <gradcomp/system/generic/half.hpp>
 #include <gradcomp/wire.hpp>
 
@@ -44,6 +45,22 @@ enum class basis_precision : std::uint8_t {
   /// (pca_precision::single_precision, about 2.5x faster): their errors,
   /// about 1e-6, are far below that rounding.
   float16 = 1,
+  /// Beyond the paper: each column u_j rounded once, after the fit, to int8
+  /// values times one power of two 2^e_j, the smallest with
+  /// max_i |u_j[i]| <= 127 * 2^e_j (so the largest value keeps 7 bits and
+  /// every value moves by at most 2^(e_j - 1), under 1/128 of the column's
+  /// largest). Every product of an int8 and a power of two is a float, so,
+  /// as with float16, the codec stays linear, the fingerprint covers the
+  /// rounded values, and AVX2 and AVX-512 builds read 1 byte per basis value
+  /// (a quarter of float32's traffic; one power of two per column of K
+  /// values) with the float kernels' bits; every other backend reads the
+  /// float values. The rounding is far coarser than binary16's: for a unit
+  /// column of K values it adds noise of about 0.3 / sqrt(K) of the largest
+  /// value per entry (about 1% of the column's norm at K = 12,288), so U_d's
+  /// columns stay orthonormal to about 1e-2 and eq. 5 reconstructs the
+  /// coded part within about that fraction, well inside what eq. 6's lambda
+  /// leaves out. Fitted in single precision, as float16.
+  int8 = 2,
 };
 
 /// Parameters of a linear_compressor. Defaults are the paper's recipe.
@@ -71,25 +88,31 @@ struct gradiveq_basis_block {
   std::size_t dimension = 0;         // d
   std::vector<float> basis;          // U_d, K x d column-major
   std::vector<std::uint16_t> basis_f16;  // U_d as binary16 (basis_precision::float16; derived), else empty
+  std::vector<std::int8_t> basis_i8;     // U_d as int8 (basis_precision::int8; derived), else empty
+  std::vector<float> basis_i8_scale;     // column j's power of two (int8; derived), d values
   std::vector<float> mean;           // mu, K
   std::vector<double> spectrum;      // descending covariance eigenvalues
   double heldout_loss = std::numeric_limits<double>::quiet_NaN();  // hold-out option only
   std::vector<float> mu_u;           // U_d^T mu, d (derived)
   std::vector<float> offset;         // U_d^T mu / N, d (derived)
 
-  /// The binary16 copy for the kernels (gradiveq_compress_slices), or null.
-  const std::uint16_t* basis_f16_or_null() const noexcept { return basis_f16.empty() ? nullptr : basis_f16.data(); }
+  /// The narrow copy the kernels read (gradiveq_compress_slices), or none.
+  execution::gradiveq_narrow_basis narrow() const noexcept {
+    if (!basis_i8.empty()) return {basis_i8.data(), basis_i8_scale.data()};
+    return {basis_f16.empty() ? nullptr : basis_f16.data()};
+  }
 };
 
 /// Fits the basis of the group of slices `span` (first slice, slices) from
 /// `rows`: `samples` aggregated samples of `rows_per` rows of K floats each,
 /// the last `held` samples held out to choose d (options.holdout_fraction),
 /// else d by eq. 6 on the spectrum; capped by options.max_dimension.
-/// A binary16 basis is fitted with single-precision products (its rounding,
-/// 2^-11 of each value, is far beyond their 1e-6); a float32 one in double.
+/// A binary16 or int8 basis is fitted with single-precision products (their
+/// rounding, 2^-11 of each value or coarser, is far beyond their 1e-6); a
+/// float32 one in double.
 inline pca_precision fit_precision(const gradiveq_options& opt) noexcept {
-  return opt.basis_storage == basis_precision::float16 ? pca_precision::single_precision
-                                                       : pca_precision::double_precision;
+  return opt.basis_storage == basis_precision::float32 ? pca_precision::double_precision
+                                                       : pca_precision::single_precision;
 }
 
 inline gradiveq_basis_block fit_gradiveq_basis(std::pair<std::size_t, std::size_t> span, const std::vector<float>& rows,
@@ -160,10 +183,53 @@ inline gradiveq_basis_block fit_gradiveq_basis(std::pair<std::size_t, std::size_
   return b;
 }
 
+/// The power of two 2^e of a column whose largest |value| is m > 0: the
+/// smallest with m <= 127 * 2^e (basis_precision::int8). With m = f 2^E,
+/// f in [0.5, 1): 127 * 2^(E-8) < 0.5 * 2^E <= m, so e is E - 7 or E - 6;
+/// the comparison is exact (127 * 2^(E-7) is a float).
+inline float int8_column_scale(float m) noexcept {
+  int e = 0;
+  (void)std::frexp(m, &e);
+  return m <= std::ldexp(127.0f, e - 7) ? std::ldexp(1.0f, e - 7) : std::ldexp(1.0f, e - 6);
+}
+
+/// Rounds the K x d basis u (column-major) to int8 values times one power of
+/// two per column, in place, keeping the int8 values and the scales beside
+/// it. Idempotent: the largest rounded value is q 2^e with q in [64, 127],
+/// whose scale is 2^e again, and every other value is a multiple of 2^e.
+inline void round_basis_to_int8(std::vector<float>& u, std::size_t k, std::vector<std::int8_t>& q,
+                                std::vector<float>& scales) {
+  const std::size_t d = k ? u.size() / k : 0;
+  q.resize(u.size());
+  scales.resize(d);
+  for (std::size_t j = 0; j < d; ++j) {
+    float* col = u.data() + j * k;
+    float m = 0.0f;
+    for (std::size_t i = 0; i < k; ++i) m = std::max(m, std::abs(col[i]));
+    // A zero column (never fitted: columns are unit vectors) keeps scale 1.
+    const float scale = m > 0.0f ? int8_column_scale(m) : 1.0f;
+    scales[j] = scale;
+    for (std::size_t i = 0; i < k; ++i) {
+      const float r = std::nearbyint(col[i] / scale);  // a power of two: exact division; ties to even
+      q[j * k + i] = static_cast<std::int8_t>(r);      // |r| <= 127 by the choice of scale
+      col[i] = r * scale;
+    }
+  }
+}
+
 /// basis_precision::float16: rounds U_d to binary16 values in place and keeps
-/// their bits beside it; float32: drops the bits. Idempotent (a rounded value
-/// rounds to itself), so a restored state derives the same basis.
-inline void store_gradiveq_basis(gradiveq_basis_block& b, basis_precision precision) {
+/// their bits beside it; int8: rounds it to int8 values times a power of two
+/// per column and keeps those; float32: drops any copy. Idempotent (a
+/// rounded value rounds to itself), so a restored state derives the same basis.
+inline void store_gradiveq_basis(gradiveq_basis_block& b, std::size_t k, basis_precision precision) {
+  if (precision != basis_precision::int8) {
+    b.basis_i8.clear();
+    b.basis_i8.shrink_to_fit();
+    b.basis_i8_scale.clear();
+    b.basis_i8_scale.shrink_to_fit();
+  } else {
+    round_basis_to_int8(b.basis, k, b.basis_i8, b.basis_i8_scale);
+  }
   if (precision != basis_precision::float16) {
     b.basis_f16.clear();
     b.basis_f16.shrink_to_fit();

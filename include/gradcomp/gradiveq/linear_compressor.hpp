@@ -203,7 +203,7 @@ class linear_compressor {
       gradiveq_compress_slices(Policy{}, segment.data() + (first - run.first) * k_, n, k_, b.basis.data(),
                                b.dimension, b.offset.data(),
                                out.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]),
-                               b.basis_f16_or_null());
+                               b.narrow());
     });
     // Fused non-finite check: a NaN or Inf in a slice makes its coefficients
     // non-finite (x * u is NaN or Inf for every finite u), so only the
@@ -372,7 +372,8 @@ class linear_compressor {
       throw invalid_argument_error("gradiveq: unknown basis_source");
     if (opt_.solver != pca_solver::automatic && opt_.solver != pca_solver::covariance && opt_.solver != pca_solver::gram)
       throw invalid_argument_error("gradiveq: unknown pca_solver");
-    if (opt_.basis_storage != basis_precision::float32 && opt_.basis_storage != basis_precision::float16)
+    if (opt_.basis_storage != basis_precision::float32 && opt_.basis_storage != basis_precision::float16 &&
+        opt_.basis_storage != basis_precision::int8)
       throw invalid_argument_error("gradiveq: unknown basis_precision");
     opt_.slice_size = k_;
     slices_ = length_ / k_;
@@ -410,12 +411,12 @@ class linear_compressor {
     if (!fitted_) throw state_error(std::string(where) + ": no basis yet (add L_t samples and call fit() first)");
   }
 
-  // Everything derived from the blocks and N: the stored basis (binary16
-  // rounding), U^T mu, the eq. 3 offsets, coefficient offsets per slice, the
+  // Everything derived from the blocks and N: the stored basis (binary16 or
+  // int8 rounding), U^T mu, the eq. 3 offsets, coefficient offsets per slice, the
   // fingerprint.
   void refresh_derived() {
     for (auto& b : blocks_) {
-      detail::store_gradiveq_basis(b, opt_.basis_storage);
+      detail::store_gradiveq_basis(b, k_, opt_.basis_storage);
       detail::derive_gradiveq_offsets(b, k_, opt_.summands);
     }
     coef_prefix_.assign(slices_ + 1, 0);
@@ -497,7 +498,7 @@ class linear_compressor {
     for_each_group_piece(run, [&](const basis_block& b, std::size_t first, std::size_t n) {
       gradiveq_expand_slices(Policy{}, p.coefficients.data() + (coef_prefix_[first] - coef_prefix_[run.first]), n,
                              b.dimension, b.basis.data(), k_, b.mean.data(), scale, add,
-                             out.data() + (first - run.first) * k_, b.basis_f16_or_null());
+                             out.data() + (first - run.first) * k_, b.narrow());
     });
     auto tail_out = out.subspan(run.slices * k_);
     if (add) add_into(Policy{}, tail_out, std::span<const float>(p.tail));

@@ -52,26 +52,27 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 namespace gradiveq_kernel {
 
 /// Eq. 3 for slices [s0, s1): y[s][j] = <x_s, u_j> - offset[j], every column.
-/// `uh` (or null): the same basis as binary16 values, which AVX-512 and
-/// AVX2 + F16C builds read instead of u (half the bytes, the same bits);
-/// other builds read u.
+/// `nb` (or none): a narrow copy of the same basis (gradiveq_narrow_basis),
+/// which AVX-512 and AVX2 builds read instead of u (a binary16 copy: half
+/// the bytes, where the build has F16C or AVX-512; an int8 copy: a quarter;
+/// the same bits); other builds read u.
 inline void compress_rows(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u, std::size_t d,
-                          const float* offset, float* y, [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
+                          const float* offset, float* y, [[maybe_unused]] gradiveq_narrow_basis nb = {}) noexcept {
 #if defined(GRADCOMP_GRADIVEQ_AVX512)
-  if (k % 8 == 0 && d >= 4) return compress_rows_avx512(x, s0, s1, k, u, d, offset, y, uh);
+  if (k % 8 == 0 && d >= 4) return compress_rows_avx512(x, s0, s1, k, u, d, offset, y, nb);
 #elif defined(GRADCOMP_GRADIVEQ_AVX2)
-  if (k % 8 == 0 && d >= 4) return compress_columns_avx2(x, s0, s1, k, u, 0, d, offset, y, uh);
+  if (k % 8 == 0 && d >= 4) return compress_columns_avx2(x, s0, s1, k, u, 0, d, offset, y, nb);
 #endif
   compress_rows_scalar(x, s0, s1, k, u, 0, d, offset, y);
 }
 
 /// Eq. 5 for slices [s0, s1): out (=, or += when `add`) Y U^T + 1 (scale mu)^T, every column.
-/// `uh`: as compress_rows.
+/// `nb`: as compress_rows.
 inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u, std::size_t k,
                         const float* mu, float scale, bool add, float* out,
-                        [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
+                        [[maybe_unused]] gradiveq_narrow_basis nb = {}) noexcept {
 #if defined(GRADCOMP_GRADIVEQ_AVX512)
-  if (d > 0) return expand_rows_avx512(y, s0, s1, d, u, k, mu, scale, add, out, uh);
+  if (d > 0) return expand_rows_avx512(y, s0, s1, d, u, k, mu, scale, add, out, nb);
 #elif defined(GRADCOMP_GRADIVEQ_AVX2)
   if (d > 0) {
     constexpr auto R = static_cast<std::size_t>(expand_block_rows);
@@ -84,12 +85,12 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
     const bool stream = !add && k % 16 == 0 && (s1 - s0) * k >= stream_min_elements &&
                         reinterpret_cast<std::uintptr_t>(out + s0 * k) % 64 == 0;
     if (stream) {
-      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out, uh);
-      expand_rows_rest<true>(y, blocked, s1, d, u, k, mu, scale, add, out, uh);
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, true>(y, s, d, u, k, mu, scale, add, out, nb);
+      expand_rows_rest<true>(y, blocked, s1, d, u, k, mu, scale, add, out, nb);
       _mm_sfence();  // the stores are visible before anything this thread does next
     } else {
-      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out, uh);
-      expand_rows_rest<false>(y, blocked, s1, d, u, k, mu, scale, add, out, uh);
+      for (std::size_t s = s0; s < blocked; s += R) expand_rows_block<expand_block_rows, false>(y, s, d, u, k, mu, scale, add, out, nb);
+      expand_rows_rest<false>(y, blocked, s1, d, u, k, mu, scale, add, out, nb);
     }
     return;
   }
@@ -106,25 +107,26 @@ inline void expand_rows(const float* y, std::size_t s0, std::size_t s1, std::siz
 /// Eq. 3 for S slices at once: Y = X U - 1 offset^T, where offset = U^T mu / N
 /// is precomputed by the caller (writing it as X*U - (mu U)/N avoids the
 /// S x K temporary that (X - mu/N) U would make). On the calling thread, in
-/// the order of the file comment. `basis_f16` (or null): the same basis'
-/// values as binary16 (every value of `basis` exactly representable), read
-/// where the instruction set widens them (compress_rows).
+/// the order of the file comment. `narrow` (or none): a copy of the same
+/// basis' values as binary16, or int8 with power-of-two column scales (every
+/// value of `basis` exactly representable), read where the instruction set
+/// widens them (compress_rows).
 inline void gradiveq_compress_slices(seq, const float* x, std::size_t slices, std::size_t k, const float* basis,
                                      std::size_t d, const float* offset, float* y,
-                                     const std::uint16_t* basis_f16 = nullptr) {
+                                     gradiveq_narrow_basis narrow = {}) {
   if (slices == 0 || d == 0) return;
-  gradiveq_kernel::compress_rows(x, 0, slices, k, basis, d, offset, y, basis_f16);
+  gradiveq_kernel::compress_rows(x, 0, slices, k, basis, d, offset, y, narrow);
 }
 
 /// Eq. 5 for S slices at once: out (=, or += when `add`) Y U^T + 1 (scale mu)^T.
 /// scale is count/N: N for a fully aggregated payload (eq. 5 proper), 1/N for
 /// one node's own payload (the local reconstruction of eq. 7). On the calling
-/// thread, in the order of the file comment. `basis_f16`: as gradiveq_compress_slices.
+/// thread, in the order of the file comment. `narrow`: as gradiveq_compress_slices.
 inline void gradiveq_expand_slices(seq, const float* y, std::size_t slices, std::size_t d, const float* basis,
                                    std::size_t k, const float* mu, float scale, bool add, float* out,
-                                   const std::uint16_t* basis_f16 = nullptr) {
+                                   gradiveq_narrow_basis narrow = {}) {
   if (slices == 0) return;
-  gradiveq_kernel::expand_rows(y, 0, slices, d, basis, k, mu, scale, add, out, basis_f16);
+  gradiveq_kernel::expand_rows(y, 0, slices, d, basis, k, mu, scale, add, out, narrow);
 }
 
 GRADCOMP_ABI_NAMESPACE_END

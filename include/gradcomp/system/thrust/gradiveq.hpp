@@ -45,10 +45,10 @@ struct gradiveq_compress_rows {
   const float* offset;
   float* y;
   std::size_t slices, k, d, rows;
-  const std::uint16_t* uh;  // the basis as binary16, or null
+  gradiveq_narrow_basis narrow;  // a narrow copy of the basis, or none
 
   void operator()(std::size_t item) const {
-    gradiveq_kernel::compress_rows(x, item * rows, min_size(slices, (item + 1) * rows), k, u, d, offset, y, uh);
+    gradiveq_kernel::compress_rows(x, item * rows, min_size(slices, (item + 1) * rows), k, u, d, offset, y, narrow);
   }
 };
 
@@ -61,10 +61,10 @@ struct gradiveq_expand_rows {
   std::size_t slices, d, k, rows;
   float scale;
   bool add;
-  const std::uint16_t* uh;  // the basis as binary16, or null
+  gradiveq_narrow_basis narrow;  // a narrow copy of the basis, or none
 
   void operator()(std::size_t item) const {
-    gradiveq_kernel::expand_rows(y, item * rows, min_size(slices, (item + 1) * rows), d, u, k, mu, scale, add, out, uh);
+    gradiveq_kernel::expand_rows(y, item * rows, min_size(slices, (item + 1) * rows), d, u, k, mu, scale, add, out, narrow);
   }
 };
 
@@ -100,13 +100,14 @@ struct add_scaled_mean {
 }  // namespace thrust_detail
 
 /// Eq. 3 for S slices at once with P's system: Y = X U - 1 offset^T
-/// (offset = U^T mu / N, precomputed by the caller). `basis_f16` (or null):
-/// the same values as binary16, which the host systems' row kernels read
-/// where they can (the generic kernels); the device reads `basis`.
+/// (offset = U^T mu / N, precomputed by the caller). `narrow` (or none):
+/// the same values as binary16 or int8 with column scales, which the host
+/// systems' row kernels read where they can (the generic kernels); the
+/// device reads `basis`.
 template <class P>
 void gradiveq_compress_slices(thrust<P>, const float* x, std::size_t slices, std::size_t k, const float* basis,
                               std::size_t d, const float* offset, float* y,
-                              [[maybe_unused]] const std::uint16_t* basis_f16 = nullptr) {
+                              [[maybe_unused]] gradiveq_narrow_basis narrow = {}) {
   using namespace thrust_detail;
   if (slices == 0 || d == 0) return;
   if constexpr (on_device<P>) {
@@ -122,17 +123,17 @@ void gradiveq_compress_slices(thrust<P>, const float* x, std::size_t slices, std
   } else {
     const std::size_t rows = gradiveq_rows_per_item<P>(k);
     for_each_index<P>(items(slices, rows), slices * k * d,
-                      gradiveq_compress_rows{x, basis, offset, y, slices, k, d, rows, basis_f16});
+                      gradiveq_compress_rows{x, basis, offset, y, slices, k, d, rows, narrow});
   }
 }
 
 /// Eq. 5 for S slices at once with P's system: out (=, or += when `add`)
 /// Y U^T + 1 (scale mu)^T; scale is count/N (see the generic kernel).
-/// `basis_f16`: as gradiveq_compress_slices.
+/// `narrow`: as gradiveq_compress_slices.
 template <class P>
 void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::size_t d, const float* basis,
                             std::size_t k, const float* mu, float scale, bool add, float* out,
-                            [[maybe_unused]] const std::uint16_t* basis_f16 = nullptr) {
+                            [[maybe_unused]] gradiveq_narrow_basis narrow = {}) {
   using namespace thrust_detail;
   if (slices == 0) return;
   if constexpr (on_device<P>) {
@@ -159,7 +160,7 @@ void gradiveq_expand_slices(thrust<P>, const float* y, std::size_t slices, std::
   } else {
     const std::size_t rows = gradiveq_rows_per_item<P>(k);
     for_each_index<P>(items(slices, rows), slices * k * (d + 1),
-                      gradiveq_expand_rows{y, basis, mu, out, slices, d, k, rows, scale, add, basis_f16});
+                      gradiveq_expand_rows{y, basis, mu, out, slices, d, k, rows, scale, add, narrow});
   }
 }
 

@@ -5,6 +5,7 @@
 /// the reference order.
 
 #include <cstdint>
+#include <type_traits>
 
 #include <gradcomp/system/generic/gradiveq/portable.hpp>
 
@@ -66,13 +67,19 @@ inline void prefetch_floats_ahead(const float* p, std::size_t floats) noexcept {
   _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
 }
 
-/// Basis loads of 8 values: floats, or binary16 values widened to float
-/// (exactly: every binary16 value is a float), so a basis stored at half
-/// precision costs half the bytes and gives the float kernels' bits on the
-/// same values.
-inline __m256 load_basis8(const float* p) noexcept { return _mm256_loadu_ps(p); }
+/// Basis loads of 8 values of one column: floats, binary16 values widened to
+/// float, or int8 values widened and multiplied by the column's power-of-two
+/// scale `s` (gradiveq_narrow_basis: every result is exactly the float
+/// basis' value), so a basis stored at half precision costs half the bytes,
+/// at int8 a quarter, and each gives the float kernels' bits on the same
+/// values. `s` is read only by the int8 load.
+inline __m256 load_basis8(const float* p, const float* = nullptr) noexcept { return _mm256_loadu_ps(p); }
+inline __m256 load_basis8(const std::int8_t* p, const float* s) noexcept {
+  const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_broadcast_ss(s));
+}
 #if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
-inline __m256 load_basis8(const std::uint16_t* p) noexcept {
+inline __m256 load_basis8(const std::uint16_t* p, const float* = nullptr) noexcept {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 #if defined(__F16C__)
   return _mm256_cvtph_ps(h);
@@ -81,6 +88,14 @@ inline __m256 load_basis8(const std::uint16_t* p) noexcept {
 #endif
 }
 #endif
+
+/// Column j's scale for the loads of a basis of U: int8 bases carry one
+/// (`scales`), the others none (null, never dereferenced).
+template <class U>
+inline const float* column_scale(const float* scales, std::size_t j) noexcept {
+  if constexpr (std::is_same_v<U, std::int8_t>) return scales + j;
+  else return nullptr;
+}
 
 /// Prefetches (into L1) the line `elements` values of type U past p (see
 /// prefetch_floats_ahead).
@@ -99,8 +114,8 @@ inline __m128 lanes_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) noexcept {
 
 /// Eq. 3 for slices [s, s + R) and columns [j, j + 4), k a multiple of 8.
 template <int R, class U = float>
-inline void compress_block(const float* x, std::size_t s, std::size_t k, const U* u, std::size_t j, std::size_t d,
-                           const float* offset, float* y) noexcept {
+inline void compress_block(const float* x, std::size_t s, std::size_t k, const U* u, const float* scales,
+                           std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
   __m256 acc[R][4];
   GRADCOMP_GRADIVEQ_UNROLL
   for (int r = 0; r < R; ++r)
@@ -114,7 +129,7 @@ inline void compress_block(const float* x, std::size_t s, std::size_t k, const U
     for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + (s + std::size_t(r)) * k + i);
     GRADCOMP_GRADIVEQ_UNROLL
     for (int c = 0; c < 4; ++c) {
-      __m256 v = load_basis8(u0 + std::size_t(c) * k + i);
+      __m256 v = load_basis8(u0 + std::size_t(c) * k + i, column_scale<U>(scales, j + std::size_t(c)));
       // Loaded once, used R times: without this GCC re-reads it from memory
       // as an FMA operand.
       GRADCOMP_GRADIVEQ_IN_REGISTER(v);
@@ -132,8 +147,8 @@ inline void compress_block(const float* x, std::size_t s, std::size_t k, const U
 /// Eq. 5 for slices [s, s + R) and columns [c, c + 8 CB); Stream: write
 /// `out` with non-temporal stores (not `add`, rows on 64-byte lines).
 template <int R, int CB, bool Stream, class U = float>
-inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k, std::size_t c,
-                         const float* mu, float scale, bool add, float* out) noexcept {
+inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* u, const float* scales, std::size_t k,
+                         std::size_t c, const float* mu, float scale, bool add, float* out) noexcept {
   __m256 acc[R][CB];
   GRADCOMP_GRADIVEQ_UNROLL
   for (int r = 0; r < R; ++r)
@@ -141,8 +156,8 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* 
     for (int b = 0; b < CB; ++b) acc[r][b] = _mm256_setzero_ps();
   for (std::size_t j = 0; j < d; ++j) {
     const U* uj = u + j * k + c;
-    if constexpr (CB == 4)  // the block expand_prefetch_blocks ahead: two 64-byte lines (binary16: one)
-      for (std::size_t line = 0; line < 2 * sizeof(U) / 4; ++line)
+    if constexpr (CB == 4)  // the block expand_prefetch_blocks ahead: two 64-byte lines (binary16, int8: one)
+      for (std::size_t line = 0; line < (2 * sizeof(U) + 3) / 4; ++line)
         prefetch_ahead(uj, 32 * expand_prefetch_blocks + 64 / sizeof(U) * line);
     // The R slices' coefficients first, then each basis vector once for all of them.
     __m256 yv[R];
@@ -150,7 +165,7 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* 
     for (int r = 0; r < R; ++r) yv[r] = _mm256_broadcast_ss(y + (s + std::size_t(r)) * d + j);
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) {
-      const __m256 v = load_basis8(uj + 8 * std::size_t(b));
+      const __m256 v = load_basis8(uj + 8 * std::size_t(b), column_scale<U>(scales, j));
       GRADCOMP_GRADIVEQ_UNROLL
       for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(yv[r], v, acc[r][b]);
     }
@@ -174,24 +189,23 @@ inline void expand_block(const float* y, std::size_t s, std::size_t d, const U* 
   }
 }
 
-/// Eq. 5 for slices [s, s + R), every column. `uh` (or null): the basis as
-/// binary16, read by the vector blocks instead of u (the last k % 8 columns
-/// read u, whose values are the same).
+/// Eq. 5 for slices [s, s + R), every column. `nb`: a narrow copy of the
+/// basis, read by the vector blocks instead of u where the build widens it
+/// (the last k % 8 columns read u, whose values are the same).
 template <int R, bool Stream>
 inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, const float* u, std::size_t k,
                               const float* mu, float scale, bool add, float* out,
-                              [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
+                              [[maybe_unused]] gradiveq_narrow_basis nb = {}) noexcept {
   std::size_t c = 0;
-  auto vector_blocks = [&](const auto* ub) {
-    for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, ub, k, c, mu, scale, add, out);
-    for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, ub, k, c, mu, scale, add, out);
+  auto vector_blocks = [&](const auto* ub, const float* scales) {
+    for (; c + 32 <= k; c += 32) expand_block<R, 4, Stream>(y, s, d, ub, scales, k, c, mu, scale, add, out);
+    for (; c + 8 <= k; c += 8) expand_block<R, 1, Stream>(y, s, d, ub, scales, k, c, mu, scale, add, out);
   };
+  if (nb.i8) vector_blocks(nb.i8, nb.i8_scale);
 #if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
-  if (uh) vector_blocks(uh);
-  else vector_blocks(u);
-#else
-  vector_blocks(u);
+  else if (nb.f16) vector_blocks(nb.f16, nullptr);
 #endif
+  else vector_blocks(u, nullptr);
   if (c < k) expand_rows_scalar(y, s, s + std::size_t(R), d, u, k, c, k, mu, scale, add, out);
 }
 
@@ -200,13 +214,14 @@ inline void expand_rows_block(const float* y, std::size_t s, std::size_t d, cons
 /// layer has 3): each basis value is then loaded once for all of them.
 template <class U>
 inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
-                                std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
+                                const float* scales, std::size_t j, std::size_t d, const float* offset,
+                                float* y) noexcept {
   const std::size_t rest = s1 - s0;
   if constexpr (compress_block_rows > 3)
-    if (rest == 3) return compress_block<3, U>(x, s0, k, u, j, d, offset, y);
+    if (rest == 3) return compress_block<3, U>(x, s0, k, u, scales, j, d, offset, y);
   if constexpr (compress_block_rows > 2)
-    if (rest == 2) return compress_block<2, U>(x, s0, k, u, j, d, offset, y);
-  for (std::size_t s = s0; s < s1; ++s) compress_block<1, U>(x, s, k, u, j, d, offset, y);
+    if (rest == 2) return compress_block<2, U>(x, s0, k, u, scales, j, d, offset, y);
+  for (std::size_t s = s0; s < s1; ++s) compress_block<1, U>(x, s, k, u, scales, j, d, offset, y);
 }
 
 /// Eq. 5 for the slices [s0, s1) left over by the blocks of
@@ -215,13 +230,13 @@ inline void compress_block_rest(const float* x, std::size_t s0, std::size_t s1, 
 template <bool Stream>
 inline void expand_rows_rest(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
                              std::size_t k, const float* mu, float scale, bool add, float* out,
-                             const std::uint16_t* uh = nullptr) noexcept {
+                             gradiveq_narrow_basis nb = {}) noexcept {
   const std::size_t rest = s1 - s0;
   if constexpr (expand_block_rows > 3)
-    if (rest == 3) return expand_rows_block<3, Stream>(y, s0, d, u, k, mu, scale, add, out, uh);
+    if (rest == 3) return expand_rows_block<3, Stream>(y, s0, d, u, k, mu, scale, add, out, nb);
   if constexpr (expand_block_rows > 2)
-    if (rest == 2) return expand_rows_block<2, Stream>(y, s0, d, u, k, mu, scale, add, out, uh);
-  for (std::size_t s = s0; s < s1; ++s) expand_rows_block<1, Stream>(y, s, d, u, k, mu, scale, add, out, uh);
+    if (rest == 2) return expand_rows_block<2, Stream>(y, s0, d, u, k, mu, scale, add, out, nb);
+  for (std::size_t s = s0; s < s1; ++s) expand_rows_block<1, Stream>(y, s, d, u, k, mu, scale, add, out, nb);
 }
 
 /// Prefetches, into L2, the R slices compress_prefetch_floats ahead of the
@@ -235,35 +250,37 @@ inline void compress_prefetch(const float* x, std::size_t s, std::size_t rows, s
 }
 
 /// Eq. 3 with 256-bit vectors for columns [j0, d) of slices [s0, s1): blocks
-/// of 4 columns (from `ub`, the basis as floats or binary16), the last d % 4
-/// columns portable (from u, the same values as floats). k a multiple of 8.
+/// of 4 columns (from `ub`, the basis as floats, binary16 or int8 with its
+/// column `scales`), the last d % 4 columns portable (from u, the same values
+/// as floats). k a multiple of 8.
 template <class U>
 inline void compress_columns_avx2_from(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
-                                       const U* ub, std::size_t j0, std::size_t d, const float* offset,
-                                       float* y) noexcept {
+                                       const U* ub, const float* scales, std::size_t j0, std::size_t d,
+                                       const float* offset, float* y) noexcept {
   constexpr auto R = static_cast<std::size_t>(compress_block_rows);
   const std::size_t d4 = j0 + (d - j0) - (d - j0) % 4;
   const std::size_t blocked = s1 - (s1 - s0) % R;  // slices [s0, blocked) in blocks of R
   for (std::size_t s = s0; s < blocked; s += R) {
     if (j0 == 0) compress_prefetch(x, s, R, k, s1);
-    for (std::size_t j = j0; j < d4; j += 4) compress_block<compress_block_rows, U>(x, s, k, ub, j, d, offset, y);
+    for (std::size_t j = j0; j < d4; j += 4) compress_block<compress_block_rows, U>(x, s, k, ub, scales, j, d, offset, y);
     if (d4 < d) compress_rows_scalar(x, s, s + R, k, u, d4, d, offset, y);
   }
   if (blocked < s1) {
-    for (std::size_t j = j0; j < d4; j += 4) compress_block_rest<U>(x, blocked, s1, k, ub, j, d, offset, y);
+    for (std::size_t j = j0; j < d4; j += 4) compress_block_rest<U>(x, blocked, s1, k, ub, scales, j, d, offset, y);
     if (d4 < d) compress_rows_scalar(x, blocked, s1, k, u, d4, d, offset, y);
   }
 }
 
-/// compress_columns_avx2_from with the float basis, or the binary16 one
-/// (`uh`, or null) where the build widens it.
+/// compress_columns_avx2_from with the float basis, or the narrow copy `nb`
+/// where the build widens it.
 inline void compress_columns_avx2(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
                                   std::size_t j0, std::size_t d, const float* offset, float* y,
-                                  [[maybe_unused]] const std::uint16_t* uh = nullptr) noexcept {
+                                  [[maybe_unused]] gradiveq_narrow_basis nb = {}) noexcept {
+  if (nb.i8) return compress_columns_avx2_from(x, s0, s1, k, u, nb.i8, nb.i8_scale, j0, d, offset, y);
 #if defined(GRADCOMP_GRADIVEQ_HALF_LOADS)
-  if (uh) return compress_columns_avx2_from(x, s0, s1, k, u, uh, j0, d, offset, y);
+  if (nb.f16) return compress_columns_avx2_from(x, s0, s1, k, u, nb.f16, nullptr, j0, d, offset, y);
 #endif
-  compress_columns_avx2_from(x, s0, s1, k, u, u, j0, d, offset, y);
+  compress_columns_avx2_from(x, s0, s1, k, u, u, nullptr, j0, d, offset, y);
 }
 
 /// Eq. 5 with 256-bit vectors for columns [c0, k) of slices [s0, s1),
@@ -273,7 +290,7 @@ inline void expand_columns_avx2(const float* y, std::size_t s0, std::size_t s1, 
                                 float* out) noexcept {
   const std::size_t k8 = c0 + (k - c0) - (k - c0) % 8;
   for (std::size_t s = s0; s < s1; ++s) {
-    for (std::size_t c = c0; c < k8; c += 8) expand_block<1, 1, false>(y, s, d, u, k, c, mu, scale, add, out);
+    for (std::size_t c = c0; c < k8; c += 8) expand_block<1, 1, false>(y, s, d, u, nullptr, k, c, mu, scale, add, out);
     if (k8 < k) expand_rows_scalar(y, s, s + 1, d, u, k, k8, k, mu, scale, add, out);
   }
 }

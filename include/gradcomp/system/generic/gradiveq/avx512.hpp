@@ -28,13 +28,32 @@ namespace gradiveq_kernel {
 // columns' 8 lanes in one register (lanes 0-7 column j, 8-15 column j + 1),
 // eq. 5 is vectorised over columns, whose order does not depend on the width.
 
-/// Basis loads of 16 values (load_basis8 in avx2.hpp: of 8): floats, or IEEE
-/// binary16 values widened to float, for a basis stored at half precision
-/// (gradiveq_options::basis_storage), which halves the basis' memory traffic
-/// and gives the same bits as the float kernels on the same values.
-inline __m512 load_basis16(const float* p) noexcept { return _mm512_loadu_ps(p); }
-inline __m512 load_basis16(const std::uint16_t* p) noexcept {
+/// Basis loads of 16 values of one column (load_basis8 in avx2.hpp: of 8):
+/// floats, IEEE binary16 values widened to float, or int8 values widened and
+/// multiplied by the column's power-of-two scale `s`, for a basis stored at
+/// half or quarter width (gradiveq_options::basis_storage), which halves or
+/// quarters the basis' memory traffic and gives the same bits as the float
+/// kernels on the same values.
+inline __m512 load_basis16(const float* p, const float* = nullptr) noexcept { return _mm512_loadu_ps(p); }
+inline __m512 load_basis16(const std::uint16_t* p, const float* = nullptr) noexcept {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_basis16(const std::int8_t* p, const float* s) noexcept {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(*s));
+}
+
+/// Eq. 3's register of two columns: lanes 0-7 the 8 values at `a` (column
+/// j), 8-15 those at `b` (column j + 1); `s` the 16 lanes' column scales
+/// (int8 only).
+template <class U>
+inline __m512 load_column_pair(const U* a, const U* b, const float*) noexcept {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(load_basis8(a)), load_basis8(b), 1);
+}
+inline __m512 load_column_pair(const std::int8_t* a, const std::int8_t* b, const float* s) noexcept {
+  const __m128i q = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_loadu_ps(s));
 }
 
 /// Register blocks: eq. 3 six slices x 8 columns (24 accumulators), eq. 5
@@ -50,15 +69,20 @@ inline constexpr int expand_block_rows_512 = 4;
 /// iteration over k (spread over the arithmetic: a burst of a whole block's
 /// lines stalls the core until the queue drains).
 template <int R, bool Packed = false, class U = float>
-inline void compress_block8(const float* x, std::size_t s, std::size_t k, const U* u, std::size_t j, std::size_t d,
-                            const float* offset, float* y, const float* ahead = nullptr,
-                            std::size_t ahead_lines = 0) noexcept {
+inline void compress_block8(const float* x, std::size_t s, std::size_t k, const U* u, const float* scales,
+                            std::size_t j, std::size_t d, const float* offset, float* y,
+                            const float* ahead = nullptr, std::size_t ahead_lines = 0) noexcept {
   __m512 acc[R][4];
   GRADCOMP_GRADIVEQ_UNROLL
   for (int r = 0; r < R; ++r)
     GRADCOMP_GRADIVEQ_UNROLL
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
   const U* u0 = u + j * k;
+  // int8: each register's 16 lanes' column scales (8 of column j + 2c, 8 of j + 2c + 1).
+  alignas(64) float pair_scale[std::is_same_v<U, std::int8_t> ? 4 : 1][16];
+  if constexpr (std::is_same_v<U, std::int8_t>)
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 16; ++l) pair_scale[c][l] = scales[j + std::size_t(2 * c + l / 8)];
   for (std::size_t i = 0; i < k; i += 8) {
     if (i / 8 < ahead_lines) _mm_prefetch(reinterpret_cast<const char*>(ahead + 2 * i), _MM_HINT_T1);  // line i / 8
     __m512 v[4];  // columns (j + 2c, j + 2c + 1), lanes i .. i + 7 of each
@@ -67,8 +91,8 @@ inline void compress_block8(const float* x, std::size_t s, std::size_t k, const 
       if constexpr (Packed)
         v[c] = _mm512_loadu_ps(u0 + std::size_t(2 * c) * k + 2 * i);
       else
-        v[c] = _mm512_insertf32x8(_mm512_castps256_ps512(load_basis8(u0 + std::size_t(2 * c) * k + i)),
-                                  load_basis8(u0 + std::size_t(2 * c + 1) * k + i), 1);
+        v[c] = load_column_pair(u0 + std::size_t(2 * c) * k + i, u0 + std::size_t(2 * c + 1) * k + i,
+                                pair_scale[std::is_same_v<U, std::int8_t> ? c : 0]);
       // Built once, used R times: in a register (an input-only constraint:
       // measured 13.5 -> 12.5 ms against "+v", which helps eq. 5 instead).
       GRADCOMP_GRADIVEQ_USE_REGISTER(v[c]);
@@ -95,14 +119,15 @@ inline void compress_block8(const float* x, std::size_t s, std::size_t k, const 
 /// Eq. 3, columns [j, j + 8), for fewer than compress_block_rows_512 slices.
 template <bool Packed, class U>
 inline void compress_block8_rest(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
-                                 std::size_t j, std::size_t d, const float* offset, float* y) noexcept {
+                                 const float* scales, std::size_t j, std::size_t d, const float* offset,
+                                 float* y) noexcept {
   static_assert(compress_block_rows_512 == 6);
   switch (s1 - s0) {
-    case 5: return compress_block8<5, Packed, U>(x, s0, k, u, j, d, offset, y);
-    case 4: return compress_block8<4, Packed, U>(x, s0, k, u, j, d, offset, y);
-    case 3: return compress_block8<3, Packed, U>(x, s0, k, u, j, d, offset, y);
-    case 2: return compress_block8<2, Packed, U>(x, s0, k, u, j, d, offset, y);
-    case 1: return compress_block8<1, Packed, U>(x, s0, k, u, j, d, offset, y);
+    case 5: return compress_block8<5, Packed, U>(x, s0, k, u, scales, j, d, offset, y);
+    case 4: return compress_block8<4, Packed, U>(x, s0, k, u, scales, j, d, offset, y);
+    case 3: return compress_block8<3, Packed, U>(x, s0, k, u, scales, j, d, offset, y);
+    case 2: return compress_block8<2, Packed, U>(x, s0, k, u, scales, j, d, offset, y);
+    case 1: return compress_block8<1, Packed, U>(x, s0, k, u, scales, j, d, offset, y);
     default: return;
   }
 }
@@ -125,7 +150,8 @@ inline constexpr std::size_t pack_min_slices_per_column = 8;
 /// Eq. 3 over the tiles and blocks of compress_rows_avx512, columns [0, d8).
 template <bool Packed, class U>
 inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const U* u,
-                              std::size_t d8, std::size_t d, const float* offset, float* y) noexcept {
+                              const float* scales, std::size_t d8, std::size_t d, const float* offset,
+                              float* y) noexcept {
   constexpr auto R = static_cast<std::size_t>(compress_block_rows_512);
   const std::size_t fit = compress_tile_floats / k / R * R;
   const std::size_t tile = fit ? fit : R;
@@ -141,28 +167,30 @@ inline void compress_tiles512(const float* x, std::size_t s0, std::size_t s1, st
     for (std::size_t j = 0; j < d8; j += 8)
       for (std::size_t g = s; g < s + tile; g += R) {
         const std::size_t n = std::min(lines_per_block, tile_lines - line);
-        compress_block8<compress_block_rows_512, Packed, U>(x, g, k, u, j, d, offset, y, x + ahead + 16 * line, n);
+        compress_block8<compress_block_rows_512, Packed, U>(x, g, k, u, scales, j, d, offset, y, x + ahead + 16 * line,
+                                                            n);
         line += n;
       }
   }
   for (; s + R <= s1; s += R) {
     compress_prefetch(x, s, R, k, s1);
-    for (std::size_t j = 0; j < d8; j += 8) compress_block8<compress_block_rows_512, Packed, U>(x, s, k, u, j, d, offset, y);
+    for (std::size_t j = 0; j < d8; j += 8)
+      compress_block8<compress_block_rows_512, Packed, U>(x, s, k, u, scales, j, d, offset, y);
   }
   if (s < s1)
-    for (std::size_t j = 0; j < d8; j += 8) compress_block8_rest<Packed, U>(x, s, s1, k, u, j, d, offset, y);
+    for (std::size_t j = 0; j < d8; j += 8) compress_block8_rest<Packed, U>(x, s, s1, k, u, scales, j, d, offset, y);
 }
 
 /// Eq. 3 for slices [s0, s1), k a multiple of 8: tiles of slices that fit
 /// compress_tile_floats, each 8-column block of the basis over the whole
 /// tile (from a packed copy of the basis when the call is long enough to
 /// pay for it: a buffer of this thread's, kept); the last d % 8 columns with
-/// 256-bit vectors. `uh`: the same basis as binary16 values (or null), read
+/// 256-bit vectors. `nb`: a narrow copy of the same basis (or none), read
 /// instead of u except by the packed copy (packed from u, whose values are
 /// the same).
 inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1, std::size_t k, const float* u,
                                  std::size_t d, const float* offset, float* y,
-                                 const std::uint16_t* uh = nullptr) noexcept {
+                                 gradiveq_narrow_basis nb = {}) noexcept {
   const std::size_t d8 = d - d % 8;
   if (d8 > 0) {
     float* packed = nullptr;
@@ -176,28 +204,31 @@ inline void compress_rows_avx512(const float* x, std::size_t s0, std::size_t s1,
     }
     if (packed) {
       pack_column_pairs(u, k, d8, packed);
-      compress_tiles512<true, float>(x, s0, s1, k, packed, d8, d, offset, y);
-    } else if (uh) {
-      compress_tiles512<false, std::uint16_t>(x, s0, s1, k, uh, d8, d, offset, y);
+      compress_tiles512<true, float>(x, s0, s1, k, packed, nullptr, d8, d, offset, y);
+    } else if (nb.i8) {
+      compress_tiles512<false, std::int8_t>(x, s0, s1, k, nb.i8, nb.i8_scale, d8, d, offset, y);
+    } else if (nb.f16) {
+      compress_tiles512<false, std::uint16_t>(x, s0, s1, k, nb.f16, nullptr, d8, d, offset, y);
     } else {
-      compress_tiles512<false, float>(x, s0, s1, k, u, d8, d, offset, y);
+      compress_tiles512<false, float>(x, s0, s1, k, u, nullptr, d8, d, offset, y);
     }
   }
-  if (d8 < d) compress_columns_avx2(x, s0, s1, k, u, d8, d, offset, y, uh);
+  if (d8 < d) compress_columns_avx2(x, s0, s1, k, u, d8, d, offset, y, nb);
 }
 
 /// Eq. 5 for slices [s, s + R) and columns [c, c + 16 CB): each result
 /// vector goes to sink(slice, r, column, value).
 template <int R, int CB, class Sink, class U>
-inline void expand_block16(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k, std::size_t c,
-                           const float* mu, float scale, bool add, const float* out, Sink& sink) noexcept {
+inline void expand_block16(const float* y, std::size_t s, std::size_t d, const U* u, const float* scales,
+                           std::size_t k, std::size_t c, const float* mu, float scale, bool add, const float* out,
+                           Sink& sink) noexcept {
   __m512 acc[R][CB];
   GRADCOMP_GRADIVEQ_UNROLL
   for (int r = 0; r < R; ++r)
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) acc[r][b] = _mm512_setzero_ps();
   for (std::size_t j = 0; j < d; ++j) {
-    if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: 4 x 16 values, one line each (binary16: 2)
+    if constexpr (CB == 4) {  // the block expand_prefetch_blocks ahead: 4 x 16 values, one line each (binary16: 2, int8: 4)
       constexpr int step = 64 / (16 * int(sizeof(U)));
       GRADCOMP_GRADIVEQ_UNROLL
       for (int b = 0; b < 4; b += step) {
@@ -209,7 +240,7 @@ inline void expand_block16(const float* y, std::size_t s, std::size_t d, const U
     __m512 v[CB];
     GRADCOMP_GRADIVEQ_UNROLL
     for (int b = 0; b < CB; ++b) {
-      v[b] = load_basis16(u + j * k + c + 16 * std::size_t(b));
+      v[b] = load_basis16(u + j * k + c + 16 * std::size_t(b), column_scale<U>(scales, j));
       GRADCOMP_GRADIVEQ_IN_REGISTER(v[b]);  // loaded once, used R times
     }
     GRADCOMP_GRADIVEQ_UNROLL
@@ -314,42 +345,44 @@ struct expand_line_stream {
 
 /// Eq. 5 for slices [s, s + R), columns [0, k - k % 16), into `sink`.
 template <int R, class Sink, class U>
-inline void expand_group512(const float* y, std::size_t s, std::size_t d, const U* u, std::size_t k,
-                            const float* mu, float scale, bool add, const float* out, Sink& sink) noexcept {
+inline void expand_group512(const float* y, std::size_t s, std::size_t d, const U* u, const float* scales,
+                            std::size_t k, const float* mu, float scale, bool add, const float* out,
+                            Sink& sink) noexcept {
   sink.begin_group(R);
   const std::size_t k64 = k - k % 64, k16 = k - k % 16;
   std::size_t c = 0;
-  for (; c < k64; c += 64) expand_block16<R, 4, Sink, U>(y, s, d, u, k, c, mu, scale, add, out, sink);
-  for (; c < k16; c += 16) expand_block16<R, 1, Sink, U>(y, s, d, u, k, c, mu, scale, add, out, sink);
+  for (; c < k64; c += 64) expand_block16<R, 4, Sink, U>(y, s, d, u, scales, k, c, mu, scale, add, out, sink);
+  for (; c < k16; c += 16) expand_block16<R, 1, Sink, U>(y, s, d, u, scales, k, c, mu, scale, add, out, sink);
 }
 
 /// Eq. 5 for slices [s0, s1), columns [0, k - k % 16), in register blocks of
 /// expand_block_rows_512 slices.
 template <class Sink, class U>
 inline void expand_rows512(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const U* u,
-                           std::size_t k, const float* mu, float scale, bool add, const float* out,
-                           Sink& sink) noexcept {
+                           const float* scales, std::size_t k, const float* mu, float scale, bool add,
+                           const float* out, Sink& sink) noexcept {
   static_assert(expand_block_rows_512 == 4);
   std::size_t s = s0;
-  for (; s + 4 <= s1; s += 4) expand_group512<4, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
+  for (; s + 4 <= s1; s += 4) expand_group512<4, Sink, U>(y, s, d, u, scales, k, mu, scale, add, out, sink);
   switch (s1 - s) {
-    case 3: return expand_group512<3, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
-    case 2: return expand_group512<2, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
-    case 1: return expand_group512<1, Sink, U>(y, s, d, u, k, mu, scale, add, out, sink);
+    case 3: return expand_group512<3, Sink, U>(y, s, d, u, scales, k, mu, scale, add, out, sink);
+    case 2: return expand_group512<2, Sink, U>(y, s, d, u, scales, k, mu, scale, add, out, sink);
+    case 1: return expand_group512<1, Sink, U>(y, s, d, u, scales, k, mu, scale, add, out, sink);
     default: return;
   }
 }
 
 /// Eq. 5 for slices [s0, s1), every column: non-temporal stores for a large
 /// output (see expand_rows), the last k % 16 columns with 256-bit vectors.
-/// `uh`: the same basis as binary16 values (or null), read instead of u
+/// `nb`: a narrow copy of the same basis (or none), read instead of u
 /// except by the last k % 16 columns.
 inline void expand_rows_avx512(const float* y, std::size_t s0, std::size_t s1, std::size_t d, const float* u,
                                std::size_t k, const float* mu, float scale, bool add, float* out,
-                               const std::uint16_t* uh = nullptr) noexcept {
+                               gradiveq_narrow_basis nb = {}) noexcept {
   auto rows = [&](auto& sink) {
-    if (uh) expand_rows512(y, s0, s1, d, uh, k, mu, scale, add, out, sink);
-    else expand_rows512(y, s0, s1, d, u, k, mu, scale, add, out, sink);
+    if (nb.i8) expand_rows512(y, s0, s1, d, nb.i8, nb.i8_scale, k, mu, scale, add, out, sink);
+    else if (nb.f16) expand_rows512(y, s0, s1, d, nb.f16, nullptr, k, mu, scale, add, out, sink);
+    else expand_rows512(y, s0, s1, d, u, nullptr, k, mu, scale, add, out, sink);
   };
   const bool stream = !add && k % 16 == 0 && (s1 - s0) * k >= stream_min_elements;
   if (stream) {

@@ -21,6 +21,27 @@
 namespace gradcomp::execution {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
+/// A compact copy of a GradiVeQ basis whose every value the float basis
+/// holds exactly, which the vector kernels read instead of it (eqs. 3 and 5
+/// are memory-bound: the basis is K x d, the input and output K per slice):
+/// IEEE binary16 bits (basis_precision::float16), or int8 values with one
+/// power-of-two scale per column, u_j[i] = q_j[i] * scale[j]
+/// (basis_precision::int8). Each load is widened to the float value itself
+/// (an int8 times a power of two is a float exactly) before it is used, so
+/// the kernels give the float kernels' bits on the float basis; builds
+/// without the widening kernels read the float basis. Default: none.
+struct gradiveq_narrow_basis {
+  const std::uint16_t* f16 = nullptr;
+  const std::int8_t* i8 = nullptr;
+  const float* i8_scale = nullptr;  // d values, one per column
+
+  gradiveq_narrow_basis() = default;
+  /// A binary16 copy (or null: none).
+  gradiveq_narrow_basis(const std::uint16_t* half) noexcept : f16(half) {}  // NOLINT: implicit, as the pointer it replaces
+  /// An int8 copy and its column scales.
+  gradiveq_narrow_basis(const std::int8_t* q, const float* scale) noexcept : i8(q), i8_scale(scale) {}
+};
+
 namespace gradiveq_kernel {
 
 /// acc + a*b in one fixed way: fused where the target has an FMA, else a
