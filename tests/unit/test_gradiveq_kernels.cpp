@@ -103,6 +103,24 @@ TEST_CASE("seq GradiVeQ kernels: large outputs (non-temporal stores) and unalign
   }
 }
 
+// Eqs. 3 and 5 with the kernels reading `narrow` (a copy of u's values)
+// against the float kernels reading u: the same bits, every path.
+static void check_narrow_basis_bits(std::size_t k, std::size_t d, std::size_t slices, const vec& u,
+                             ex::gradiveq_narrow_basis narrow) {
+  const vec x = values(slices * k, 43), off = values(d, 44), mu = values(k, 45);
+  vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
+  ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data(), narrow);
+  ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ref.data());
+  CHECK(bit_equal(y, ref));
+  for (bool add : {false, true}) {
+    CAPTURE(add);
+    vec out = values(slices * k, 46), want = out;
+    ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, out.data(), narrow);
+    ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, want.data());
+    CHECK(bit_equal(out, want));
+  }
+}
+
 TEST_CASE("seq GradiVeQ kernels: a binary16 basis gives the float kernels' bits on the same values") {
   // basis_precision::float16: the kernels read the binary16 copy where the
   // build widens it (AVX-512) and the float one elsewhere; both hold the same
@@ -120,19 +138,7 @@ TEST_CASE("seq GradiVeQ kernels: a binary16 basis gives the float kernels' bits 
           uh[i] = ex::float_to_half_bits_saturated(u[i]);
           u[i] = ex::half_bits_to_float(uh[i]);
         }
-        const vec x = values(slices * k, 43), off = values(d, 44), mu = values(k, 45);
-        vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
-        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data(), uh.data());
-        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ref.data());
-        CHECK(bit_equal(y, ref));
-        for (bool add : {false, true}) {
-          CAPTURE(add);
-          vec out = values(slices * k, 46), want = out;
-          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, out.data(),
-                                     uh.data());
-          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, want.data());
-          CHECK(bit_equal(out, want));
-        }
+        check_narrow_basis_bits(k, d, slices, u, uh.data());
       }
 }
 
@@ -158,19 +164,7 @@ TEST_CASE("seq GradiVeQ kernels: an int8 basis with column scales gives the floa
         gradcomp::detail::round_basis_to_int8(u, k, q, scale);
         REQUIRE(scale.size() == d);
         const ex::gradiveq_narrow_basis narrow(q.data(), scale.data());
-        const vec x = values(slices * k, 43), off = values(d, 44), mu = values(k, 45);
-        vec y(slices * d, 9.0f), ref(slices * d, 9.0f);
-        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), y.data(), narrow);
-        ex::gradiveq_compress_slices(ex::seq{}, x.data(), slices, k, u.data(), d, off.data(), ref.data());
-        CHECK(bit_equal(y, ref));
-        for (bool add : {false, true}) {
-          CAPTURE(add);
-          vec out = values(slices * k, 46), want = out;
-          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, out.data(),
-                                     narrow);
-          ex::gradiveq_expand_slices(ex::seq{}, y.data(), slices, d, u.data(), k, mu.data(), 0.5f, add, want.data());
-          CHECK(bit_equal(out, want));
-        }
+        check_narrow_basis_bits(k, d, slices, u, narrow);
       }
 }
 
