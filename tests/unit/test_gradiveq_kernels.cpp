@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <thread>
 #include <vector>
@@ -177,6 +178,23 @@ TEST_CASE("gradiveq int8 basis rounding: one power of two per column, 7 bits for
     CHECK(std::frexp(s, &e) == 0.5f);  // a power of two
     CHECK(m <= 127.0f * s);
     CHECK(m > 127.0f * s / 2.0f);  // the smallest such
+  }
+  // Columns past the normal range (a restored state may hold them): the scale
+  // stops at 2^-126, the smallest normal float, and every value stays exact.
+  for (float m : {1.0e-37f, 1.0e-40f, std::numeric_limits<float>::denorm_min()}) {
+    CAPTURE(m);
+    CHECK(gradcomp::detail::int8_column_scale(m) >= std::numeric_limits<float>::min());
+    CHECK(m <= 127.0f * gradcomp::detail::int8_column_scale(m));
+  }
+  vec tiny = {1.0e-40f, -3.0e-41f, std::numeric_limits<float>::denorm_min(), 0.0f};
+  const vec tiny_before = tiny;
+  std::vector<std::int8_t> tiny_q;
+  std::vector<float> tiny_scale;
+  gradcomp::detail::round_basis_to_int8(tiny, 4, tiny_q, tiny_scale);
+  CHECK(tiny_scale[0] == std::numeric_limits<float>::min());
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(tiny[i] == float(tiny_q[i]) * tiny_scale[0]);
+    CHECK(std::abs(tiny[i] - tiny_before[i]) <= tiny_scale[0] / 2.0f);
   }
   vec u = values(300 * 5, 7, 0.05f);
   u[2 * 300 + 17] = 0.0f;

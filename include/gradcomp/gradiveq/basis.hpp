@@ -186,11 +186,15 @@ inline gradiveq_basis_block fit_gradiveq_basis(std::pair<std::size_t, std::size_
 /// The power of two 2^e of a column whose largest |value| is m > 0: the
 /// smallest with m <= 127 * 2^e (basis_precision::int8). With m = f 2^E,
 /// f in [0.5, 1): 127 * 2^(E-8) < 0.5 * 2^E <= m, so e is E - 7 or E - 6;
-/// the comparison is exact (127 * 2^(E-7) is a float).
+/// the comparison is exact (127 * 2^(E-7) is a float). Never below 2^-126,
+/// the smallest normal float: a column that small (not a fitted one, whose
+/// columns are unit vectors, but a restored state may hold one) keeps that
+/// scale, so every q 2^e stays exact and the division never meets a zero.
 inline float int8_column_scale(float m) noexcept {
   int e = 0;
   (void)std::frexp(m, &e);
-  return m <= std::ldexp(127.0f, e - 7) ? std::ldexp(1.0f, e - 7) : std::ldexp(1.0f, e - 6);
+  const int chosen = m <= std::ldexp(127.0f, e - 7) ? e - 7 : e - 6;
+  return std::ldexp(1.0f, std::max(chosen, std::numeric_limits<float>::min_exponent - 1));
 }
 
 /// Rounds the K x d basis u (column-major) to int8 values times one power of
