@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +182,63 @@ def test_train_ddp_example_smoke(tmp_path):
     assert "RESULT torch_ddp_gradcomp_hook_failures 0" in out.stdout
     assert "RESULT torch_ddp_gradcomp_two_bit_ratio" in out.stdout
     assert (tmp_path / "train_ddp.csv").read_text().count("\n") == 3
+
+
+def _children(pid):
+    """The live (not zombie) processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_train_ddp_workers_end_with_a_killed_parent():
+    """train_ddp.py killed with SIGKILL mid-training (no cleanup runs): its workers end too, instead of
+    training on, for minutes, on the CPUs the next run measures."""
+    import signal
+    import subprocess
+    script = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_ddp.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--steps", "100000", "--synthetic", "--workers", "2",
+                             "--hooks", "allreduce", "--progress", "5", "--out", "/tmp/gradcomp-test-train-ddp-kill"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    workers = []
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:  # the first progress line: both workers are training
+            if "step 5/" in line or time.monotonic() > deadline:
+                break
+        workers = [c for c in _children(proc.pid)
+                   if "spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+        assert len(workers) == 2, workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in workers:  # a failed check must not leave them training
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def _train_ddp_module():
