@@ -50,7 +50,14 @@ namespace {
 /// untimed), as in a training step, where the forward and backward passes
 /// evict the basis between two hook calls.
 bool cold = false;
-std::vector<float> evictor;
+
+void evict_caches() {
+  static const std::vector<float> evictor(std::size_t(24) << 20, 1.0f);
+  static volatile float sink = 0.0f;
+  float acc = 0.0f;
+  for (std::size_t e = 0; e < evictor.size(); e += 16) acc += evictor[e];  // one read per 64-byte line
+  sink = sink + acc;
+}
 
 /// Milliseconds, best of 15 interleaved rounds: eqs. 3 and 5 with the kernels
 /// under test and with their same-run baseline.
@@ -59,25 +66,9 @@ struct product_times {
 };
 product_times time_products(std::function<void()> encode, std::function<void()> encode_base,
                             std::function<void()> decode, std::function<void()> decode_base) {
-  if (!cold) {
-    const auto b = gb::interleaved_best(15, {encode, encode_base, decode, decode_base});
-    return {b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, b[3] * 1e3};
-  }
-  if (evictor.empty()) evictor.assign(std::size_t(24) << 20, 1.0f);
-  const std::function<void()> fns[] = {encode, encode_base, decode, decode_base};
-  double best[4] = {1e300, 1e300, 1e300, 1e300};
-  volatile float sink = 0.0f;
-  for (int r = 0; r < 16; ++r)  // round 0 untimed (first touches)
-    for (std::size_t i = 0; i < 4; ++i) {
-      float acc = 0.0f;
-      for (std::size_t e = 0; e < evictor.size(); e += 16) acc += evictor[e];  // one read per 64-byte line
-      sink = sink + acc;
-      const double t0 = gb::thread_cpu_seconds();
-      fns[i]();
-      const double t = gb::thread_cpu_seconds() - t0;
-      if (r > 0) best[i] = std::min(best[i], t);
-    }
-  return {best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3};
+  const auto b = gb::interleaved_best(15, {encode, encode_base, decode, decode_base},
+                                      cold ? std::function<void()>(evict_caches) : std::function<void()>());
+  return {b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, b[3] * 1e3};
 }
 
 /// The rows and RESULT lines of one comparison: <prefix>_{encode,decode}<suffix>_ms

@@ -116,12 +116,15 @@ double best_cpu_seconds(int repeats, F&& fn) {
 
 /// Best thread CPU time of each function over `rounds` interleaved rounds
 /// (after one warm-up each): interleaving spreads the machine's load changes
-/// over all the candidates alike.
-inline std::vector<double> interleaved_best(int rounds, const std::vector<std::function<void()>>& fns) {
+/// over all the candidates alike. `before` (if set) runs, untimed, before
+/// each timed call (for example to evict the caches).
+inline std::vector<double> interleaved_best(int rounds, const std::vector<std::function<void()>>& fns,
+                                            const std::function<void()>& before = {}) {
   std::vector<double> best(fns.size(), 1e300);
   for (const auto& f : fns) f();
   for (int r = 0; r < rounds; ++r)
     for (std::size_t i = 0; i < fns.size(); ++i) {
+      if (before) before();
       const double t0 = thread_cpu_seconds();
       fns[i]();
       best[i] = std::min(best[i], thread_cpu_seconds() - t0);
