@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -226,24 +227,21 @@ inline void round_basis_to_int8(std::vector<float>& u, std::size_t k, std::vecto
 /// per column and keeps those; float32: drops any copy. Idempotent (a
 /// rounded value rounds to itself), so a restored state derives the same basis.
 inline void store_gradiveq_basis(gradiveq_basis_block& b, std::size_t k, basis_precision precision) {
+  // The copies another storage would keep go (a refit or a restore may follow another storage's).
+  auto release = [](auto& copy) { std::remove_reference_t<decltype(copy)>().swap(copy); };
   if (precision != basis_precision::int8) {
-    b.basis_i8.clear();
-    b.basis_i8.shrink_to_fit();
-    b.basis_i8_scale.clear();
-    b.basis_i8_scale.shrink_to_fit();
-  } else {
-    round_basis_to_int8(b.basis, k, b.basis_i8, b.basis_i8_scale);
+    release(b.basis_i8);
+    release(b.basis_i8_scale);
   }
-  if (precision != basis_precision::float16) {
-    b.basis_f16.clear();
-    b.basis_f16.shrink_to_fit();
-    return;
+  if (precision != basis_precision::float16) release(b.basis_f16);
+  if (precision == basis_precision::int8) round_basis_to_int8(b.basis, k, b.basis_i8, b.basis_i8_scale);
+  if (precision == basis_precision::float16) {
+    // |u| <= 1 for an orthonormal basis: no saturation happens. The bulk
+    // (branch-free, vectorised) forms of the scalar conversions, same bits.
+    b.basis_f16.resize(b.basis.size());
+    execution::floats_to_half_portable(b.basis, b.basis_f16);
+    execution::half_to_floats_portable(b.basis_f16, b.basis);
   }
-  // |u| <= 1 for an orthonormal basis: no saturation happens. The bulk
-  // (branch-free, vectorised) forms of the scalar conversions, same bits.
-  b.basis_f16.resize(b.basis.size());
-  execution::floats_to_half_portable(b.basis, b.basis_f16);
-  execution::half_to_floats_portable(b.basis_f16, b.basis);
 }
 
 /// The values derived from a basis and N: U_d^T mu and eq. 3's offsets U_d^T mu / N.
