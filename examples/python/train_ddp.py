@@ -101,7 +101,9 @@ BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd"]
 #: ``_efq`` instead of ``_ef`` also feeds back the L_t sampler's own QSGD rounding
 #: (sampling_error_feedback=True, bounded under the max-norm scale these recipes use); an ``_i8`` suffix
 #: instead of ``_f16`` stores each basis column as int8 values times a power of two (basis_storage="int8":
-#: a quarter of float32's bytes, the same payload sizes).
+#: a quarter of float32's bytes, the same payload sizes). A ``_hostfit`` suffix after either shares each
+#: fit between the ranks of the host (fit_sharing="host": each parameter's basis fitted on one rank and read
+#: by the others from /dev/shm, the same bases bit for bit, a quarter of the CPU time at 4 workers).
 GRADIVEQ_CAPS = (128, 64)
 VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gradiveq_max_d{c}" for c in GRADIVEQ_CAPS]
                  + ["gradcomp_gradiveq_max_f16", "gradcomp_gradiveq_max_d128_f16",
@@ -109,7 +111,8 @@ VARIANT_HOOKS = (["gradcomp_qsgd_max", "gradcomp_gradiveq_max"] + [f"gradcomp_gr
                     "gradcomp_gradiveq_max_ef_spread_f16", "gradcomp_gradiveq_max_d128_ef_spread_f16",
                     "gradcomp_gradiveq_max_d256_ef_spread_f16"]
                  + [f"gradcomp_gradiveq_max{cap}_efq_spread_f16" for cap in ("", "_d256", "_d128")]
-                 + [f"gradcomp_gradiveq_max{cap}_ef_spread_i8" for cap in ("", "_d256")])
+                 + [f"gradcomp_gradiveq_max{cap}_ef_spread_i8" for cap in ("", "_d256")]
+                 + [f"gradcomp_gradiveq_max_d256_ef_spread_{s}_hostfit" for s in ("f16", "i8")])
 #: The GradiVeQ hooks (rows the built-in PowerSGD is compared with at equal bytes).
 GRADIVEQ_HOOKS = ("gradcomp_gradiveq",) + tuple(h for h in VARIANT_HOOKS if h.startswith("gradcomp_gradiveq"))
 
@@ -238,6 +241,10 @@ def full_settings(name, args):
         **{f"gradcomp_gradiveq_max{cap}_ef_spread_i8":
            f"{gradiveq_max}{cap.replace('_d', ', d at most ')}, error feedback, L_t spread over the cycle, int8 "
            "basis (a power of two per column); conv only" for cap in ("", "_d256")},
+        **{f"gradcomp_gradiveq_max_d256_ef_spread_{s}_hostfit":
+           f"{gradiveq_max}, d at most 256, error feedback, L_t spread over the cycle, {basis} basis, fits shared "
+           "on the host; conv only"
+           for s, basis in (("f16", "binary16"), ("i8", "int8 (a power of two per column)"))},
         "gradcomp_two_bit": "two-bit, automatic threshold scale 1, residual; weights",
         "gradcomp_top_k": "top-k 1% exact, residual, no DGC momentum; weights",
         "gradcomp_powersgd": f"PowerSGD rank 2, start {args.powersgd_start}, min_elements 144, error feedback, "
@@ -277,6 +284,10 @@ def make_hook(name, model, args):
     if codec.startswith("gradiveq"):
         warm, lt = args.gradiveq_warmup, args.gradiveq_sampling
         norm = {"sampling_qsgd_norm": "max"} if codec != "gradiveq" else {}
+        if codec.endswith("_hostfit"):  # gradiveq_max_d256_ef_spread_{f16,i8}_hostfit
+            norm["fit_sharing"] = "host"
+            norm["fit_timeout"] = args.fit_timeout
+            codec = codec[:-len("_hostfit")]
         if codec.endswith("_f16"):  # gradiveq_max[_d<cap>][_ef[q][_spread]]_f16
             norm["basis_storage"] = "float16"
             codec = codec[:-len("_f16")]
@@ -679,6 +690,8 @@ def main():
     ap.add_argument("--gradiveq-sampling", type=int, default=None, help="L_t (10; --full: 150, gradiveq_plus)")
     ap.add_argument("--gradiveq-compressed", type=int, default=None, help="L_c (200; --full: 400)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per hook run (1800; --full: 6 h)")
+    ap.add_argument("--fit-timeout", type=float, default=300.0,
+                    help="_hostfit variants: seconds a rank waits for another's bases (the process group's 300)")
     ap.add_argument("--progress", type=int, default=0, help="print every N steps (rank 0)")
     ap.add_argument("--out", default="train_ddp_out", help="folder of the CSV and PNG")
     ap.add_argument("--full", action="store_true",

@@ -44,7 +44,13 @@ How a DDP bucket is exchanged:
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+import tempfile
 import time
+import uuid
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -126,6 +132,7 @@ class CompressionState:
         self.failure: Optional[_core.ExchangeFailure] = None
         self._rank: Optional[int] = None
         self._ranks: Optional[int] = None
+        self._fit_sharing: Optional[_HostFits] = None  # GradiVeQState(fit_sharing="host") on a shared host
         self.stats = {"hook_calls": 0, "collectives": 0, "extra_collectives": 0, "bytes_sent": 0,
                       "hook_seconds": 0.0, "comm_seconds": 0.0}
         self._validate()
@@ -148,7 +155,7 @@ class CompressionState:
             self._rank = dist.get_rank(self.process_group)
             self._ranks = dist.get_world_size(self.process_group)
             self._ex = _core.DDPBuckets(self._plan_options, self._seed & 0xFFFFFFFFFFFFFFFF, self._rank, self._ranks,
-                                        self._matrix_view)
+                                        self._matrix_view, self._fit_sharing is not None)
             for name, blob in self._pending.items():
                 self._ex.restore(name, blob)
             self._pending.clear()
@@ -241,6 +248,14 @@ class CompressionState:
         if failed is not None:
             self.failure = self._failure(bucket.index(), failed)
             raise self.failure
+        if self._fit_sharing is not None:  # the fits this step's end of L_t left pending, shared on the host
+            try:
+                fitted, adopted = self._fit_sharing.run(ex)
+                self.stats["fits_run"] += fitted
+                self.stats["fits_adopted"] += adopted
+            except _core.Error as e:
+                self.failure = e
+                raise
         if host is not buf:
             buf.copy_(host)
         stats = self.stats
@@ -366,6 +381,192 @@ def backward(loss: torch.Tensor, *states: CompressionState) -> None:
         raise
 
 
+def _host_key() -> str:
+    """What identifies this machine (and its /dev/shm) to the other ranks: host name and boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _remove_files(directory: str, prefix: str) -> None:
+    """Removes this rank's files (names starting with ``prefix``) from ``directory``, then the directory
+    itself if it is empty (the last rank of the host to go removes it)."""
+    try:
+        for name in os.listdir(directory):
+            if name.startswith(prefix):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+class _HostFits:
+    """GradiVeQ fits shared by the ranks of one host (``GradiVeQState(fit_sharing="host")``).
+
+    At the end of L_t every rank has the same samples, so every rank would fit the same bases. Here each
+    pending parameter's fit is given to one rank of the host (largest first, to the least loaded rank; ties
+    to the lowest: the same assignment on every rank), that rank runs it (``DDPBuckets.fit``) and writes the
+    bases to a file in a directory of its own host's ``/dev/shm``, and the others read them and adopt them
+    (``DDPBuckets.adopt_fit``, which checks they are the fit it expects). A file is written under a temporary
+    name and renamed, so a reader never sees half of one. A rank whose fit raised writes the error instead,
+    and every rank of the host raises it. A rank that waits longer than ``timeout`` for another's file
+    raises gradcomp.TimeoutError (that rank died, or hangs). Each rank removes its previous exchange's file
+    when it writes the next (every rank of the host has read it by then: a collective of a later step
+    needed them all), and its files when the state is garbage-collected or the process exits.
+    """
+
+    _MAGIC = b"GCFB"
+
+    def __init__(self, process_group, timeout: float):
+        rank = dist.get_rank(process_group)
+        world = dist.get_world_size(process_group)
+        key = _host_key()
+        info: List = [None] * world
+        dist.all_gather_object(info, (key, uuid.uuid4().hex if rank == 0 else None), group=process_group)
+        token = info[0][1]
+        members = [r for r, (k, _) in enumerate(info) if k == key]
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        self.directory = os.path.join(base, f"gradcomp-fits-{token}")
+        self.timeout = timeout
+        self.index = members.index(rank)
+        self._prefix = f"m{self.index}-"
+        self._seq = 0
+        ok = True
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            with open(os.path.join(self.directory, f"{self._prefix}probe"), "wb"):
+                pass
+        except OSError:
+            ok = False
+        seen: List = [None] * world
+        dist.all_gather_object(seen, ok, group=process_group)
+        if all(seen[r] for r in members):  # every member can write: can every member read the others' probes?
+            visible = all(os.path.exists(os.path.join(self.directory, f"m{i}-probe")) for i in range(len(members)))
+        else:
+            visible = False
+        dist.all_gather_object(seen, visible, group=process_group)
+        if ok:
+            os.unlink(os.path.join(self.directory, f"{self._prefix}probe"))
+        # a host whose ranks do not all see one directory (another mount namespace) shares nothing
+        self.members = members if all(seen[r] for r in members) else [rank]
+        self._finalizer = weakref.finalize(self, _remove_files, self.directory, self._prefix)
+        if len(self.members) == 1:
+            self._finalizer()
+
+    def _path(self, seq: int, index: int) -> str:
+        return os.path.join(self.directory, f"m{index}-{seq}")
+
+    def owners(self, pending, seq: int) -> Dict[str, int]:
+        """Parameter name -> member index that fits it: largest fit first, to the least loaded member of
+        this exchange (every rank waits for the slowest, so each exchange is balanced on its own), ties to
+        the member after the one that took the largest fit last time (a bucket with one GradiVeQ parameter,
+        or the largest layer, goes to another rank each time)."""
+        m_count = len(self.members)
+        load = [0.0] * m_count
+        owner = {}
+        for name, work in sorted(pending, key=lambda p: (-p[1], p[0])):
+            m = min(range(m_count), key=lambda i: (load[i], (i - seq) % m_count))
+            owner[name] = m
+            load[m] += work
+        return owner
+
+    def run(self, ex) -> Tuple[int, int]:
+        """Runs or adopts every pending fit; (fits run here, fits adopted)."""
+        pending = ex.pending_fits()
+        if not pending:
+            return 0, 0
+        seq, self._seq = self._seq, self._seq + 1
+        owner = self.owners(pending, seq)
+        mine, error = [], None
+        for name, _ in pending:
+            if owner[name] != self.index:
+                continue
+            try:
+                mine.append((name, ex.fit(name)))
+            except _core.Error as e:
+                error = e
+                break
+        if mine or error is not None:
+            self._write(seq, mine, error)
+        if seq > 0:
+            try:
+                os.unlink(self._path(seq - 1, self.index))
+            except OSError:
+                pass
+        if error is not None:
+            raise error
+        adopted = 0
+        for index in sorted({m for m in owner.values() if m != self.index}):
+            for name, bases in self._read(seq, index):
+                ex.adopt_fit(name, bases)
+                adopted += 1
+        if adopted + len(mine) != len(pending):
+            raise _core.StateError(f"gradcomp: fit sharing: {len(pending)} fits were pending, {len(mine)} run here "
+                                   f"and {adopted} adopted")
+        return len(mine), adopted
+
+    def _write(self, seq: int, fits, error) -> None:
+        parts = [self._MAGIC]
+        if error is not None:
+            kind, text = type(error).__name__.encode(), str(error).encode()
+            parts.append(struct.pack("<BII", 1, len(kind), len(text)) + kind + text)
+        else:
+            parts.append(struct.pack("<BI", 0, len(fits)))
+            for name, bases in fits:
+                raw = name.encode()
+                parts.append(struct.pack("<IQ", len(raw), len(bases)) + raw)
+                parts.append(bases)
+        final = self._path(seq, self.index)
+        with open(final + ".tmp", "wb") as f:
+            for p in parts:
+                f.write(p)
+        os.replace(final + ".tmp", final)
+
+    def _read(self, seq: int, index: int):
+        path = self._path(seq, index)
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0005
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise _core.TimeoutError(
+                    f"gradcomp: fit sharing waited {self.timeout:g} s for the bases of rank "
+                    f"{self.members[index]} (host {_host_key()}, {path}): did it die?")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        with open(path, "rb") as f:
+            data = f.read()
+        where = f"gradcomp: fit sharing: the file of rank {self.members[index]} ({path})"
+        if data[:4] != self._MAGIC or len(data) < 9:
+            raise _core.WireError(f"{where} is not a gradcomp fit file")
+        at = 4
+        if data[at] == 1:
+            klen, tlen = struct.unpack_from("<II", data, at + 1)
+            at += 9
+            kind, text = data[at:at + klen].decode(), data[at + klen:at + klen + tlen].decode()
+            cls = getattr(_core, kind, None)
+            raise (cls if isinstance(cls, type) and issubclass(cls, _core.Error) else _core.Error)(
+                f"{text} (raised by rank {self.members[index]}, which fitted for this host)")
+        (count,) = struct.unpack_from("<I", data, at + 1)
+        at += 5
+        out = []
+        for _ in range(count):
+            if at + 12 > len(data):
+                raise _core.WireError(f"{where} is truncated")
+            nlen, blen = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if at + nlen + blen > len(data):
+                raise _core.WireError(f"{where} is truncated")
+            out.append((data[at:at + nlen].decode(), data[at + nlen:at + nlen + blen]))
+            at += nlen + blen
+        return out
+
+
 class DenseState(CompressionState):
     """Uncompressed float32, summed by the process group's all_reduce (a reference)."""
 
@@ -406,6 +607,34 @@ class GradiVeQState(CompressionState):
         # the L_t sampler's QSGD scale, "l2" (eq. 3.1) or "max" (QSGDState's ``norm``)
         "sampling_qsgd_norm": "qsgd_norm",
     }
+
+    def __init__(self, model: torch.nn.Module, process_group=None, *, fit_sharing: str = "none",
+                 fit_timeout: Optional[float] = None, **kwargs):
+        """``fit_sharing="host"``: the ranks that share a host fit the bases between them at the end of
+        each L_t (every parameter's fit on one of them, balanced by cost) and pass them through files in
+        ``/dev/shm``: the same bases bit for bit as every rank fitting all of them (``"none"``), at a
+        fraction of the CPU time, with no bytes on the network. It needs ``torch.distributed``
+        initialized: the constructor runs two ``all_gather_object`` on the group to find the ranks of
+        each host and to check that they see each other's files (every rank must construct the state).
+        ``fit_timeout``: seconds a rank waits for another's bases (default: 1800, torch's default
+        process-group timeout); past it, gradcomp.TimeoutError."""
+        super().__init__(model, process_group, **kwargs)
+        if fit_sharing not in ("none", "host"):
+            raise _core.InvalidArgument(f"gradcomp: fit_sharing must be 'none' or 'host', got {fit_sharing!r}")
+        if fit_timeout is not None and not fit_timeout > 0:
+            raise _core.InvalidArgument(f"gradcomp: fit_timeout must be a positive number of seconds, got {fit_timeout!r}")
+        self.fit_sharing = fit_sharing
+        self.stats.update(fits_run=0, fits_adopted=0)  # with fit sharing on a host of several ranks
+        if fit_sharing == "host":
+            if not dist.is_available() or not dist.is_initialized():
+                raise _core.InvalidArgument(
+                    "gradcomp: fit_sharing='host' needs torch.distributed initialized before GradiVeQState is made "
+                    "(its constructor finds the ranks that share a host with all_gather_object)")
+            sharing = _HostFits(process_group, 1800.0 if fit_timeout is None else float(fit_timeout))
+            self._fit_sharing = sharing if len(sharing.members) > 1 else None
+            self.fit_sharing_members = list(sharing.members)
+        else:
+            self.fit_sharing_members = []
 
     def compression_loss(self) -> Dict[str, Tuple[float, float]]:
         """Eq. 7 of this rank's last step: parameter name -> (loss, energy), ``loss`` the squared norm of

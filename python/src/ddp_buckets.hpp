@@ -41,8 +41,13 @@ class ddp_buckets {
   static constexpr std::size_t history_steps = 16;  // packed all-gather sizes that set the capacity
   static constexpr std::size_t size_header = 8;     // bytes: u64 packed size, in front of every rank's payloads
 
-  ddp_buckets(const nb::dict& plan_options, std::uint64_t seed, int rank, int ranks, bool matrix_view)
-      : options_(options_from(plan_options)), seed_(seed), rank_(rank), ranks_(ranks), matrix_view_(matrix_view) {
+  ddp_buckets(const nb::dict& plan_options, std::uint64_t seed, int rank, int ranks, bool matrix_view, bool defer_fits)
+      : options_(options_from(plan_options)),
+        seed_(seed),
+        rank_(rank),
+        ranks_(ranks),
+        matrix_view_(matrix_view),
+        defer_fits_(defer_fits) {
     if (ranks < 1 || rank < 0 || rank >= ranks) invalid("DDPBuckets: need 0 <= rank < ranks");
   }
   ddp_buckets(const ddp_buckets&) = delete;
@@ -226,6 +231,36 @@ class ddp_buckets {
     return d;
   }
 
+  // --- fits shared by the ranks of a host (defer_fits; gradcomp.torch's fit_sharing="host")
+
+  /// [(name, work)] of every parameter whose GradiVeQ fit is pending, in
+  /// name order; work: the fit's relative cost, the same on every rank.
+  nb::list pending_fits() const {
+    std::vector<std::pair<std::string, double>> v;
+    for (const auto& s : slots_)
+      if (s.layer->fit_pending()) v.emplace_back(s.name, s.layer->fit_work());
+    std::sort(v.begin(), v.end());
+    nb::list out;
+    for (const auto& [name, work] : v) out.append(nb::make_tuple(name, work));
+    return out;
+  }
+
+  /// Runs a parameter's pending fit here; returns its bases for adopt_fit on the other ranks.
+  nb::bytes fit(const std::string& name) {
+    layer_t& l = pending_layer(name, "DDPBuckets::fit");
+    const auto bases = l.fit_bases();
+    decode_seconds_ += l.fit_seconds();
+    return nb::bytes(reinterpret_cast<const char*>(bases.data()), bases.size());
+  }
+
+  /// Instead of fit: the bases another rank's fit returned (checked: another
+  /// parameter's, step's or configuration's raise, and nothing changes).
+  void adopt_fit(const std::string& name, const nb::bytes& bases) {
+    layer_t& l = pending_layer(name, "DDPBuckets::adopt_fit");
+    l.adopt_bases(std::span<const std::byte>(static_cast<const std::byte*>(bases.data()), bases.size()));
+    decode_seconds_ += l.fit_seconds();
+  }
+
   double encode_seconds() const { return encode_seconds_; }
   double decode_seconds() const { return decode_seconds_; }
   std::size_t extra_collectives() const { return extra_collectives_; }
@@ -267,6 +302,14 @@ class ddp_buckets {
     std::vector<std::byte> packed;
   };
 
+  layer_t& pending_layer(const std::string& name, const char* where) {
+    const auto it = slot_ids_.find(name);
+    if (it == slot_ids_.end()) throw gradcomp::layout_error(std::string(where) + ": no parameter '" + name + "'");
+    layer_t& l = *slots_[it->second].layer;
+    if (!l.fit_pending()) throw gradcomp::state_error(std::string(where) + ": parameter '" + name + "' has no fit pending");
+    return l;
+  }
+
   std::size_t slot(const std::string& name, const std::vector<std::size_t>& shape) {
     if (auto it = slot_ids_.find(name); it != slot_ids_.end()) {
       if (slots_[it->second].shape != shape)
@@ -297,6 +340,7 @@ class ddp_buckets {
     o.seed = name_seed(seed_, s.name);
     gx::bucket_layer_options lo;
     lo.on_failure = gx::failure_policy::skip;
+    lo.defer_fits = defer_fits_;
     return std::make_unique<layer_t>(gx::plan(std::move(md), std::move(o)), rank_, ranks_, lo);
   }
 
@@ -407,6 +451,7 @@ class ddp_buckets {
   int rank_;
   int ranks_;
   bool matrix_view_;
+  bool defer_fits_;
   std::vector<param_slot> slots_;
   std::map<std::string, std::size_t> slot_ids_;
   std::map<std::string, std::string> pending_;

@@ -488,10 +488,11 @@ GRADCOMP_NB_MODULE(GRADCOMP_PY_MODULE, m) {
   nb::class_<ddp_buckets>(m, "DDPBuckets",
                           "Every parameter's bucket layer (keyed by name) and the DDP buckets over them: one call per "
                           "DDP bucket and round (gradcomp.torch's hooks; docs/python.md).")
-      .def(nb::init<const nb::dict&, std::uint64_t, int, int, bool>(), "plan_options"_a, "seed"_a, "rank"_a,
-           "ranks"_a, "matrix_view"_a = false,
+      .def(nb::init<const nb::dict&, std::uint64_t, int, int, bool, bool>(), "plan_options"_a, "seed"_a, "rank"_a,
+           "ranks"_a, "matrix_view"_a = false, "defer_fits"_a = false,
            "`plan_options`: gradcomp.Plan's keys; each parameter's seed mixes `seed` and its name (FNV-1a); "
-           "`matrix_view`: 2-D parameters as matrices (PowerSGD) rather than dense.")
+           "`matrix_view`: 2-D parameters as matrices (PowerSGD) rather than dense; `defer_fits`: GradiVeQ fits "
+           "are left pending after finish, for fit() on one rank and adopt_fit() on the others.")
       .def("bucket", &ddp_buckets::bucket, "names"_a, "shapes"_a,
            "Registers a DDP bucket (its parameters' names and shapes, bucket order); returns its id.")
       .def(
@@ -521,6 +522,14 @@ GRADCOMP_NB_MODULE(GRADCOMP_PY_MODULE, m) {
       .def("phases", &ddp_buckets::phases, "name -> phase of every parameter's codec.")
       .def("gradiveq_losses", &ddp_buckets::gradiveq_losses,
            "name -> (eq. 7 loss, energy) of this rank's last step, GradiVeQ layers encoded in it (L_c).")
+      .def("pending_fits", &ddp_buckets::pending_fits,
+           "[(name, work)] of the parameters whose GradiVeQ fit is pending (defer_fits), name order; work: the "
+           "fit's relative cost, the same on every rank.")
+      .def("fit", &ddp_buckets::fit, "name"_a,
+           "Runs a parameter's pending fit; returns its bases (bytes) for adopt_fit on the other ranks.")
+      .def("adopt_fit", &ddp_buckets::adopt_fit, "name"_a, "bases"_a,
+           "Instead of fit: another rank's fit() bytes for the same parameter and step (checked; nothing changes "
+           "on an error).")
       .def_prop_ro("running", &ddp_buckets::running)
       .def_prop_ro("encode_seconds", &ddp_buckets::encode_seconds, "checks, encodes, buffer fills (sum over steps)")
       .def_prop_ro("decode_seconds", &ddp_buckets::decode_seconds, "absorbs, decodes, the mean, fits (sum over steps)")

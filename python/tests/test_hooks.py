@@ -338,3 +338,44 @@ def test_train_ddp_every_hook_names_its_settings():
     for name in mod.GRADCOMP_HOOKS + mod.VARIANT_HOOKS:
         assert name in mod.RESULTS_MD_RATIO and name in mod.RESULTS_MD_CONFIG
     assert "binary16" in mod.full_settings("gradcomp_gradiveq_max_d128_f16", args)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gradiveq_fit_sharing_gives_the_replicated_fit_bit_for_bit(world):
+    """fit_sharing="host": each fit runs on one rank and the others adopt its bases from /dev/shm; the
+    weights and every parameter's hook state are the same bytes as when every rank fits them all."""
+    per_rank = h.unwrap(h.spawn(world, workers.fit_sharing))
+    for rank, res in enumerate(per_rank):
+        plain, shared = res["gradiveq_ef_spread"], res["gradiveq_ef_spread_hostfit"]
+        assert shared["members"] == list(range(world))  # one host
+        assert shared["digest"] == plain["digest"], f"rank {rank}: the weights differ"
+        assert shared["hook"] == plain["hook"], f"rank {rank}: the hook states differ"
+        st = shared["stats"]
+        print(f"rank {rank}: {st['fits_run']} fits run, {st['fits_adopted']} adopted")
+        assert st["fits_run"] > 0 and st["fits_adopted"] > 0
+        assert plain["stats"]["fits_run"] == plain["stats"]["fits_adopted"] == 0
+        assert not os.path.exists(shared["directory"]) or not any(
+            n.startswith(f"m{rank}-") for n in os.listdir(shared["directory"]))  # its files are gone
+    fits = {r["gradiveq_ef_spread_hostfit"]["stats"]["fits_run"] for r in per_rank}
+    adopted = per_rank[0]["gradiveq_ef_spread_hostfit"]["stats"]
+    assert sum(r["gradiveq_ef_spread_hostfit"]["stats"]["fits_run"] for r in per_rank) == \
+        adopted["fits_run"] + adopted["fits_adopted"]  # every fit ran once on the host
+    print(f"fits run per rank: {sorted(fits)}")
+
+
+@pytest.mark.parametrize("mode", ["dead", "raise"])
+def test_gradiveq_fit_sharing_failure_reaches_every_rank(mode):
+    """A rank that dies before writing its bases makes the other raise gradcomp.TimeoutError after
+    fit_timeout (4 s here); a fit that raises on its rank raises the same error type on every rank."""
+    results = h.spawn(2, workers.fit_sharing_failure, mode, timeout=120)
+    ok = results[0]
+    assert ok[0] == "ok" and ok[1] is not None, ok
+    if mode == "dead":
+        r = ok[1]
+        assert r["type"] == "TimeoutError" and "rank 1" in r["message"], r
+        assert 3.5 <= r["seconds"] <= 4.0 + h.PG_TIMEOUT_S, r
+    else:
+        assert results[1][0] == "ok", results[1]
+        mine, theirs = ok[1], results[1][1]
+        assert mine["type"] == theirs["type"] == "StateError" and mine["step"] == theirs["step"], (mine, theirs)
+        assert "injected" in mine["message"] and "raised by rank 1" in mine["message"], mine

@@ -31,6 +31,9 @@ def make_state(codec: str, model):
         return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=3,
                                 error_feedback=True, spread_sampling=True, sampling_qsgd_norm="max",
                                 sampling_error_feedback=True)
+    if codec == "gradiveq_ef_spread_hostfit":  # the same, each fit run on one rank of the host, read by the others
+        return gt.GradiVeQState(model, warmup_iterations=3, sampling_iterations=4, compressed_iterations=3,
+                                error_feedback=True, spread_sampling=True, fit_sharing="host", fit_timeout=4.0)
     if codec == "qsgd":
         return gt.QSGDState(model, bits=4)
     if codec == "two_bit":
@@ -285,3 +288,55 @@ def compression_loss(rank, world, n_steps=10):
     opt.step()
     return {"warmup": warmup_report, "warmup_relative": warmup_relative, "last": state.compression_loss(), "own_energy": own_energy,
             "phases": state.phases(), "relative": state.relative_compression_loss()}
+
+
+def fit_sharing(rank, world, n_steps=16):
+    """GradiVeQ with and without fit sharing on the host: the weights' digests and the hook states."""
+    out = {}
+    for codec in ("gradiveq_ef_spread", "gradiveq_ef_spread_hostfit"):
+        model, ddp, state, opt, _ = build(codec)
+        steps(rank, ddp, opt, 0, n_steps)
+        out[codec] = {"digest": digest(model), "hook": state.state_dict()["params"], "stats": dict(state.stats),
+                      "members": getattr(state, "fit_sharing_members", None),
+                      "directory": state._fit_sharing.directory if state._fit_sharing is not None else None}
+        del model, ddp, state, opt
+    return out
+
+
+class _FailingFits:
+    """DDPBuckets whose fit() raises (the error file's path of fit sharing)."""
+
+    def __init__(self, ex):
+        self._ex = ex
+
+    def __getattr__(self, name):
+        return getattr(self._ex, name)
+
+    def fit(self, name):
+        raise gradcomp.StateError(f"injected: the fit of {name} failed")
+
+
+def fit_sharing_failure(rank, world, mode, bad_rank=1, n_steps=12):
+    """Fit sharing where rank `bad_rank` dies before writing its bases (mode "dead") or its fit raises
+    ("raise"): the type, message and seconds of what every rank raised, or None."""
+    model, ddp, state, opt, _ = build("gradiveq_ef_spread_hostfit")
+    sharing = state._fit_sharing
+    if rank == bad_rank and mode == "dead":
+        sharing._write = lambda *a: os._exit(0)
+    if rank == bad_rank and mode == "raise":
+        run = sharing.run
+        sharing.run = lambda ex: run(_FailingFits(ex))
+    for step in range(n_steps):
+        x, y = data(rank, step)
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        try:
+            loss = F.cross_entropy(ddp(x), y)
+            if TORCH_MAJOR >= 2:
+                loss.backward()
+            else:
+                gt.backward(loss, state)
+        except gradcomp.Error as e:
+            return {"step": step, "type": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
+        opt.step()
+    return None

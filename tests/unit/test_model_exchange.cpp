@@ -132,6 +132,138 @@ TEST_CASE("bucket layer: a framework drives the rounds with its own collectives"
   CHECK(layers[0].schedule().cycle() == 2);
 }
 
+namespace {
+
+/// One step of `layers` (one per rank, in one thread) on g[rank]; the sums in
+/// rank order, the all-gathers in rank order; the outputs in `out`.
+void drive_step(std::vector<gx::bucket_layer<>>& layers, const std::vector<std::vector<std::vector<float>>>& g,
+                std::vector<std::vector<std::vector<float>>>& out) {
+  for (std::size_t r = 0; r < layers.size(); ++r) {
+    std::vector<std::span<const float>> in(g[r].begin(), g[r].end());
+    layers[r].begin_step(in);
+  }
+  for (;;) {
+    std::vector<gx::pending_round*> rs;
+    for (auto& l : layers) rs.push_back(l.next_round());
+    if (!rs[0]) break;
+    if (rs[0]->spec.op == gx::round_op::all_gather) {
+      std::vector<std::vector<std::byte>> all;
+      for (auto* r : rs) all.push_back(r->payload);
+      for (auto& l : layers) l.complete_round(all);
+    } else {
+      std::vector<float> sum(rs[0]->buffer.size(), 0.0f);
+      for (auto* r : rs)
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r->buffer[i];
+      for (auto* r : rs) std::copy(sum.begin(), sum.end(), r->buffer.begin());
+      for (auto& l : layers) l.complete_round();
+    }
+  }
+  out = g;
+  for (std::size_t r = 0; r < layers.size(); ++r) {
+    auto s = spans(out[r]);
+    REQUIRE_FALSE(layers[r].finish_step(s).skipped);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bucket layer: deferred fits (defer_fits): one rank fits, the others adopt its bases bit for bit") {
+  const int n = 3;
+  const auto m = small_model();
+  for (const bool feedback : {false, true}) {
+    CAPTURE(feedback);
+    auto o = short_options();
+    o.gradiveq_schedule.error_feedback = feedback;
+    gx::bucket_layer_options deferred;
+    deferred.defer_fits = true;
+    std::vector<gx::bucket_layer<>> replicated, shared;
+    for (int r = 0; r < n; ++r) {
+      replicated.emplace_back(gx::plan(m, o), r, n);
+      shared.emplace_back(gx::plan(m, o), r, n, deferred);
+    }
+    std::size_t fits = 0;
+    for (std::uint64_t step = 0; step < 15; ++step) {
+      std::vector<std::vector<std::vector<float>>> g(n), a, b;
+      for (int r = 0; r < n; ++r) g[std::size_t(r)] = gradients(m, r, step);
+      drive_step(replicated, g, a);
+      drive_step(shared, g, b);
+      for (int r = 0; r < n; ++r)
+        for (std::size_t i = 0; i < m.size(); ++i) CHECK(bit_equal(a[std::size_t(r)][i], b[std::size_t(r)][i]));
+      CHECK_FALSE(replicated[0].fit_pending());
+      if (shared[0].fit_pending()) {
+        for (auto& l : shared) {
+          CHECK(l.fit_pending());
+          CHECK(l.fit_work() == shared[0].fit_work());  // every rank balances alike
+          CHECK(l.fit_work() > 0.0);
+          CHECK_THROWS_AS(l.save_state(), gradcomp::state_error);
+        }
+        std::vector<std::span<const float>> in(g[0].begin(), g[0].end());
+        CHECK_THROWS_AS(shared[0].begin_step(in), gradcomp::state_error);  // the fit first
+        const int owner = static_cast<int>(fits % n);  // a different rank fits each time
+        const auto bases = shared[std::size_t(owner)].fit_bases();
+        CHECK_THROWS_AS(shared[std::size_t(owner)].fit_bases(), gradcomp::state_error);  // done
+        for (int r = 0; r < n; ++r) {
+          if (r == owner) continue;
+          auto& l = shared[std::size_t(r)];
+          auto damaged = bases;
+          damaged.resize(damaged.size() / 2);
+          CHECK_THROWS_AS(l.adopt_bases(damaged), gradcomp::wire::wire_error);
+          CHECK(l.fit_pending());
+          l.adopt_bases(bases);
+          CHECK_FALSE(l.fit_pending());
+          CHECK_THROWS_AS(l.adopt_bases(bases), gradcomp::state_error);  // no fit pending any more
+        }
+        ++fits;
+      }
+      for (int r = 0; r < n; ++r) {
+        const auto x = replicated[std::size_t(r)].save_state();
+        const auto y = shared[std::size_t(r)].save_state();
+        CHECK(x == y);  // the same checkpoint, byte for byte
+      }
+    }
+    CHECK(fits == 2);  // warm-up 2, L_t 3, L_c 3: fits after steps 5 and 11
+  }
+}
+
+TEST_CASE("bucket layer: adopt_bases refuses another layer's, another step's and another plan's bases") {
+  const int n = 2;
+  const auto m = small_model();
+  auto o = short_options();
+  gx::bucket_layer_options deferred;
+  deferred.defer_fits = true;
+  std::vector<gx::bucket_layer<>> shared;
+  for (int r = 0; r < n; ++r) shared.emplace_back(gx::plan(m, o), r, n, deferred);
+  auto other_lambda = o;
+  other_lambda.gradiveq.lambda = 0.2;
+  std::vector<gx::bucket_layer<>> other;
+  for (int r = 0; r < n; ++r) other.emplace_back(gx::plan(m, other_lambda), r, n, deferred);
+  std::vector<std::vector<std::byte>> first_fit;
+  for (std::uint64_t step = 0; step < 12; ++step) {
+    std::vector<std::vector<std::vector<float>>> g(n), out;
+    for (int r = 0; r < n; ++r) g[std::size_t(r)] = gradients(m, r, step);
+    drive_step(shared, g, out);
+    drive_step(other, g, out);
+    if (!shared[0].fit_pending()) continue;
+    const auto bases = shared[0].fit_bases();
+    const auto foreign = other[0].fit_bases();
+    other[1].adopt_bases(foreign);
+    auto& l = shared[1];
+    CHECK_THROWS_AS(l.adopt_bases(foreign), gradcomp::state_error);  // another lambda: option_mismatch_error
+    if (!first_fit.empty()) {
+      CHECK_THROWS_WITH_AS(l.adopt_bases(first_fit.front()), doctest::Contains("expects fit 2"), gradcomp::state_error);
+    }
+    CHECK(l.fit_pending());  // nothing changed
+    l.adopt_bases(bases);
+    first_fit.push_back(bases);
+  }
+  CHECK(first_fit.size() == 2);
+  // A layer without deferred fits never has one pending.
+  gx::bucket_layer<> plain(gx::plan(m, o), 0, n);
+  CHECK_FALSE(plain.fit_pending());
+  CHECK_THROWS_AS(plain.fit_bases(), gradcomp::state_error);
+  CHECK_THROWS_AS(plain.adopt_bases(first_fit.front()), gradcomp::state_error);
+}
+
 TEST_CASE("model_exchange over inproc: every codec, 2-4 ranks, identical results and statistics") {
   for (int n : {2, 3, 4}) {
     for (auto rest : {gx::codec_kind::dense, gx::codec_kind::two_bit, gx::codec_kind::qsgd, gx::codec_kind::top_k}) {

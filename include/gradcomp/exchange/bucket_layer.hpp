@@ -30,6 +30,7 @@
 #include <gradcomp/abi.hpp>
 #include <gradcomp/dense.hpp>
 #include <gradcomp/exchange/bucket_codecs.hpp>
+#include <gradcomp/exchange/bucket_factory.hpp>
 #include <gradcomp/exchange/contract.hpp>
 #include <gradcomp/exchange/gradiveq_bucket.hpp>
 #include <gradcomp/exchange/model.hpp>
@@ -78,6 +79,12 @@ struct step_report {
 /// Options of the bucket layer.
 struct bucket_layer_options {
   failure_policy on_failure = failure_policy::skip;
+  /// The GradiVeQ fit that ends L_t is left to the caller instead of being
+  /// run inside finish_step (fit_pending()): one rank runs fit_bases() and
+  /// hands its bytes to the others, which adopt_bases() them, bit for bit
+  /// the basis they would have fitted. Ranks that share a host then fit once
+  /// between them (gradcomp.torch's fit_sharing="host", docs/python.md).
+  bool defer_fits = false;
 };
 
 /// The transport-free bucket layer (see the file comment).
@@ -109,6 +116,7 @@ class bucket_layer {
   /// valid and unchanged until finish_step (they may be its output spans).
   void begin_step(std::span<const std::span<const float>> gradients, bool request_skip = false) {
     if (state_ != state::idle) throw state_error("exchange::bucket_layer::begin_step: a step is already running");
+    require_no_pending_fit("begin_step");
     const auto t0 = clock::now();
     report_ = {};
     rounds_.clear();
@@ -281,8 +289,11 @@ class bucket_layer {
       const bool compressed = life_->schedule.phase() == gradiveq_phase::compressed;
       const gradiveq_step next = compressed ? life_->schedule.advance(report_.stale_votes, std::size_t(ranks_))
                                             : life_->schedule.advance();
-      if (next.fit_basis)
-        for (auto* g : gradiveq_buckets_) g->fit();
+      if (next.fit_basis) {
+        if (opt_.defer_fits) fit_pending_ = true;
+        else
+          for (auto* g : gradiveq_buckets_) g->fit();
+      }
     }
     ++step_;
     state_ = state::idle;
@@ -299,10 +310,53 @@ class bucket_layer {
     return report_;
   }
 
+  /// A GradiVeQ fit is due and was left to the caller (options defer_fits):
+  /// fit_bases() or adopt_bases() before the next step.
+  bool fit_pending() const noexcept { return fit_pending_; }
+
+  /// The pending fit's cost, relative (linear_compressor::fit_work); the
+  /// same on every rank, so ranks sharing fits can balance them alike.
+  double fit_work() const noexcept {
+    double w = 0.0;
+    for (const auto* g : gradiveq_buckets_) w += g->fit_work();
+    return w;
+  }
+
+  /// Runs the pending fit here and returns the fitted bases (every GradiVeQ
+  /// bucket's codec states) for the ranks that adopt them.
+  std::vector<std::byte> fit_bases() {
+    if (!fit_pending_) throw state_error("exchange::bucket_layer::fit_bases: no fit is pending");
+    const auto t0 = clock::now();
+    for (auto* g : gradiveq_buckets_) g->fit();
+    fit_pending_ = false;
+    std::vector<std::vector<std::byte>> parts;
+    for (const auto* g : gradiveq_buckets_) parts.push_back(g->fitted_state());
+    fit_seconds_ = seconds_since(t0);
+    return detail::pack_blobs(parts);
+  }
+
+  /// Instead of fit_bases(): another rank's fit_bases() bytes of the same
+  /// plan and step. Bases of another plan, layer or step: state_error (or
+  /// option_mismatch_error), damaged bytes wire_error, and nothing changes.
+  void adopt_bases(std::span<const std::byte> bytes) {
+    if (!fit_pending_) throw state_error("exchange::bucket_layer::adopt_bases: no fit is pending");
+    const auto t0 = clock::now();
+    const auto parts = detail::unpack_blobs(bytes, gradiveq_buckets_.size(), "exchange::bucket_layer::adopt_bases");
+    std::vector<std::vector<linear_compressor<Policy>>> fitted;
+    for (std::size_t i = 0; i < gradiveq_buckets_.size(); ++i) fitted.push_back(gradiveq_buckets_[i]->parse_fitted_state(parts[i]));
+    for (std::size_t i = 0; i < gradiveq_buckets_.size(); ++i) gradiveq_buckets_[i]->adopt(std::move(fitted[i]));
+    fit_pending_ = false;
+    fit_seconds_ = seconds_since(t0);
+  }
+
+  /// Seconds the last fit_bases() or adopt_bases() took.
+  double fit_seconds() const noexcept { return fit_seconds_; }
+
   /// The whole state (every codec's state, the schedule, the step counter),
   /// tied to this plan, world size and rank.
   std::vector<std::byte> save_state() const {
     if (state_ != state::idle) throw state_error("exchange::bucket_layer::save_state: inside a step");
+    require_no_pending_fit("save_state");
     std::vector<std::vector<std::byte>> parts;
     parts.push_back(life_->schedule.save_state());
     for (const auto& b : buckets_) parts.push_back(b->save_state());
@@ -347,6 +401,7 @@ class bucket_layer {
     buckets_ = std::move(fresh);
     life_ = std::move(life);
     step_ = step;
+    fit_pending_ = false;  // a checkpoint is saved with no fit pending
   }
 
  private:
@@ -358,72 +413,19 @@ class bucket_layer {
   };
   static constexpr std::uint32_t checkpoint_magic = 0x45584347u;  // "GCXE"
 
+  void require_no_pending_fit(const char* where) const {
+    if (fit_pending_)
+      throw state_error(std::string("exchange::bucket_layer::") + where +
+                        ": a GradiVeQ fit is pending (defer_fits): call fit_bases() or adopt_bases() first");
+  }
+
   static double seconds_since(clock::time_point t0) {
     return std::chrono::duration<double>(clock::now() - t0).count();
   }
 
   void build(std::vector<std::unique_ptr<bucket_codec>>& out, std::unique_ptr<gradiveq_lifecycle>& life) {
-    const auto& o = plan_.options();
-    life = std::make_unique<gradiveq_lifecycle>(gradiveq_lifecycle{gradiveq_schedule(o.gradiveq_schedule), {}});
-    out.clear();
-    gradiveq_buckets_.clear();
-    for (const auto& b : plan_.buckets()) {
-      std::vector<std::size_t> lengths;
-      for (auto i : b.layers) lengths.push_back(plan_.model()[i].shape.size());
-      auto layer_of = [&b](std::size_t j) { return b.layers[j]; };
-      switch (b.kind) {
-        case codec_kind::custom: {
-          auto c = o.custom_factory(plan_, b, rank_, ranks_);
-          if (!c) throw invalid_argument_error("exchange: plan_options::custom_factory returned no bucket codec");
-          out.push_back(std::move(c));
-          break;
-        }
-        case codec_kind::lgc_ring:
-        case codec_kind::lgc_ps: {  // plan_options::lgc_factory (exchange/lgc_bucket.hpp): LGC needs zlib
-          auto c = o.lgc_factory(plan_, b, rank_, ranks_);
-          if (!c) throw invalid_argument_error("exchange: plan_options::lgc_factory returned no bucket codec");
-          out.push_back(std::move(c));
-          break;
-        }
-        case codec_kind::dense: out.push_back(std::make_unique<dense_bucket>(lengths)); break;
-        case codec_kind::fp16: out.push_back(std::make_unique<half_bucket<summable_element::float16>>(lengths)); break;
-        case codec_kind::bf16: out.push_back(std::make_unique<half_bucket<summable_element::bfloat16>>(lengths)); break;
-        case codec_kind::homomorphic:
-          out.push_back(std::make_unique<homomorphic_bucket<Policy>>(lengths, ranks_, [&](std::size_t j) {
-            homomorphic_options h = o.homomorphic;  // one seed on every rank, this rank's worker index: stratified draws
-            h.seed = mixed_seed(o.seed, h.seed, -1, layer_of(j));
-            h.worker = static_cast<std::size_t>(rank_);
-            return h;
-          }));
-          break;
-        case codec_kind::gradiveq: {
-          auto g = std::make_unique<gradiveq_bucket<Policy>>(plan_, b, rank_, ranks_, *life);
-          gradiveq_buckets_.push_back(g.get());
-          out.push_back(std::move(g));
-          break;
-        }
-        case codec_kind::powersgd: out.push_back(std::make_unique<powersgd_bucket<Policy>>(plan_, b)); break;
-        case codec_kind::two_bit:
-          out.push_back(std::make_unique<gather_bucket<two_bit_quantizer<Policy>>>(
-              "two_bit", lengths, [&](std::size_t, std::size_t n) { return two_bit_quantizer<Policy>(n, o.two_bit); }));
-          break;
-        case codec_kind::qsgd:
-          out.push_back(std::make_unique<gather_bucket<qsgd<Policy>>>("qsgd", lengths, [&](std::size_t j, std::size_t) {
-            qsgd_options q = o.qsgd;
-            q.seed = mixed_seed(o.seed, q.seed, rank_, layer_of(j));
-            return qsgd<Policy>(q);
-          }));
-          break;
-        case codec_kind::top_k:
-          out.push_back(std::make_unique<gather_bucket<sparsifier_with_memory<Policy>>>(
-              "top_k", lengths, [&](std::size_t j, std::size_t n) {
-                sparsifier_options s = o.top_k;
-                s.seed = mixed_seed(o.seed, s.seed, rank_, layer_of(j));
-                return sparsifier_with_memory<Policy>(n, s);
-              }));
-          break;
-      }
-    }
+    life = std::make_unique<gradiveq_lifecycle>(gradiveq_lifecycle{gradiveq_schedule(plan_.options().gradiveq_schedule), {}});
+    out = make_bucket_codecs<Policy>(plan_, rank_, ranks_, *life, gradiveq_buckets_);
   }
 
   // after_reduce_check::finite: float32 finite; float16 / bfloat16 finite
@@ -563,6 +565,8 @@ class bucket_layer {
   std::vector<gradiveq_bucket<Policy>*> gradiveq_buckets_;
   std::uint64_t step_ = 0;
   state state_ = state::idle;
+  bool fit_pending_ = false;   // defer_fits: finish_step left a fit to the caller
+  double fit_seconds_ = 0.0;
   cursor_t cursor_;
   std::vector<bool> prepared_;
   rank_failure local_;

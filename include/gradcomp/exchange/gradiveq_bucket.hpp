@@ -64,6 +64,7 @@ class gradiveq_bucket final : public bucket_codec {
   gradiveq_bucket(const plan& p, const bucket_desc& b, int rank, int ranks, gradiveq_lifecycle& life) : life_(&life) {
     gradiveq_options go = p.options().gradiveq;
     go.summands = static_cast<std::size_t>(ranks);
+    options_ = go;
     for (std::size_t j = 0; j < b.layers.size(); ++j) {
       const std::size_t layer = b.layers[j];
       const layer_shape& s = p.model()[layer].shape;
@@ -210,16 +211,60 @@ class gradiveq_bucket final : public bucket_codec {
     undo_.clear();
   }
 
-  /// Fits every layer's basis (the end of L_t); called on every rank alike.
+  /// Fits every layer's basis (the end of L_t); called on every rank alike,
+  /// or on one rank whose fitted_state() the others adopt().
   void fit() {
-    // A residual still held against the old basis is formed first (the
-    // schedules fit right after a sampling step, which sent it: none is, or
-    // only that step's rounding, which the next compressed step encodes).
-    for (std::size_t j = 0; j < memory_.size(); ++j) {
-      form_residual(memory_[j], j, memory_[j].gradients);
-      memory_[j].payload = {};
-    }
+    form_fit_residuals();
     for (auto& c : codecs_) c.fit();
+  }
+
+  /// Every layer's codec state right after fit() (bases, no samples): what
+  /// adopt() takes on the ranks that did not fit.
+  std::vector<std::byte> fitted_state() const {
+    std::vector<std::vector<std::byte>> s;
+    for (const auto& c : codecs_) {
+      if (c.pending_samples() != 0) throw state_error("exchange gradiveq fitted_state: the layers have not been fitted");
+      s.push_back(c.save_state());
+    }
+    return detail::pack_blobs(s);
+  }
+
+  /// Parses another rank's fitted_state() of this step into new codecs,
+  /// checked to be the fit this rank would compute now (options and layer
+  /// by restore_state; one more fit, the same samples seen, none pending):
+  /// state_error otherwise. Nothing changes here (adopt() commits them).
+  std::vector<linear_compressor<Policy>> parse_fitted_state(std::span<const std::byte> bytes) const {
+    const char* where = "exchange gradiveq adopted bases";
+    const auto parts = detail::unpack_blobs(bytes, codecs_.size(), where);
+    std::vector<linear_compressor<Policy>> fresh;
+    fresh.reserve(codecs_.size());
+    for (std::size_t j = 0; j < codecs_.size(); ++j) {
+      fresh.emplace_back(shapes_[j], options_);
+      fresh.back().restore_state(parts[j]);
+      const auto& mine = codecs_[j];
+      const auto& got = fresh.back();
+      if (!got.has_basis() || got.pending_samples() != 0 || got.fits() != mine.fits() + 1 ||
+          got.samples_seen() != mine.samples_seen())
+        throw state_error(std::string(where) + ": layer " + std::to_string(j) + " holds fit " + std::to_string(got.fits()) +
+                          " of " + std::to_string(got.samples_seen()) + " samples, this rank expects fit " +
+                          std::to_string(mine.fits() + 1) + " of " + std::to_string(mine.samples_seen()));
+    }
+    return fresh;
+  }
+
+  /// Instead of fit(): the codecs parse_fitted_state() made from the rank
+  /// that fitted (bit for bit what fit() would have made here).
+  void adopt(std::vector<linear_compressor<Policy>> fitted) {
+    if (fitted.size() != codecs_.size()) throw size_mismatch_error("exchange gradiveq adopt", codecs_.size(), fitted.size());
+    form_fit_residuals();
+    codecs_ = std::move(fitted);
+  }
+
+  /// What fit() costs here, relative (linear_compressor::fit_work).
+  double fit_work() const noexcept {
+    double w = 0.0;
+    for (const auto& c : codecs_) w += c.fit_work();
+    return w;
   }
 
   std::uint64_t digest() const override {
@@ -293,6 +338,16 @@ class gradiveq_bucket final : public bucket_codec {
     return phase_ == gradiveq_phase::sampling && life_->schedule.sampling_quantized();
   }
 
+  /// Before a new basis: a residual still held against the old one is formed
+  /// (the schedules fit right after a sampling step, which sent it: none is,
+  /// or only that step's rounding, which the next compressed step encodes).
+  void form_fit_residuals() {
+    for (std::size_t j = 0; j < memory_.size(); ++j) {
+      form_residual(memory_[j], j, memory_[j].gradients);
+      memory_[j].payload = {};
+    }
+  }
+
   /// Error feedback is on and this step sends or keeps a residual.
   bool feeds_back() const noexcept { return !memory_.empty() && phase_ != gradiveq_phase::warmup; }
 
@@ -352,6 +407,7 @@ class gradiveq_bucket final : public bucket_codec {
 
   gradiveq_lifecycle* life_;
   std::vector<layer_shape> shapes_;
+  gradiveq_options options_;  // every layer's (summands = N)
   std::vector<linear_compressor<Policy>> codecs_;
   std::vector<qsgd<Policy>> samplers_;
   std::size_t total_ = 0;
