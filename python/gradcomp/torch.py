@@ -226,7 +226,8 @@ class CompressionState:
         if buf.dtype != torch.float32:
             raise _core.InvalidArgument(f"gradcomp: the hooks take float32 gradients, this bucket holds {buf.dtype}")
         bid = self._bucket_id(bucket.parameters())
-        host = buf.detach() if buf.device.type == "cpu" else buf.detach().cpu()  # CUDA: a host copy
+        on_host = buf.device.type == "cpu"
+        host = buf.detach() if on_host else buf.detach().cpu()  # CUDA: a host copy
         flat = host.numpy()
         comm = 0.0
         requests = ex.begin(bid, flat)  # one C++ call: checks and encodes every parameter of the bucket
@@ -256,7 +257,7 @@ class CompressionState:
             except _core.Error as e:
                 self.failure = e
                 raise
-        if host is not buf:
+        if not on_host:  # (detach() is a new tensor object over the same memory: no copy on the host)
             buf.copy_(host)
         stats = self.stats
         stats["hook_calls"] += 1

@@ -48,6 +48,38 @@ std::vector<std::span<float>> spans(std::vector<std::vector<float>>& g) {
   return {g.begin(), g.end()};
 }
 
+/// One step of `layers` (one per rank, in one thread) on g[rank]; the sums in
+/// rank order, the all-gathers in rank order; the outputs in `out`.
+void drive_step(std::vector<gx::bucket_layer<>>& layers, const std::vector<std::vector<std::vector<float>>>& g,
+                std::vector<std::vector<std::vector<float>>>& out) {
+  for (std::size_t r = 0; r < layers.size(); ++r) {
+    std::vector<std::span<const float>> in(g[r].begin(), g[r].end());
+    layers[r].begin_step(in);
+  }
+  for (;;) {
+    std::vector<gx::pending_round*> rs;
+    for (auto& l : layers) rs.push_back(l.next_round());
+    if (!rs[0]) break;
+    if (rs[0]->spec.op == gx::round_op::all_gather) {
+      std::vector<std::vector<std::byte>> all;
+      for (auto* r : rs) all.push_back(r->payload);
+      for (auto& l : layers) l.complete_round(all);
+    } else {
+      REQUIRE(rs[0]->spec.op == gx::round_op::sum);
+      std::vector<float> sum(rs[0]->buffer.size(), 0.0f);
+      for (auto* r : rs)
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r->buffer[i];
+      for (auto* r : rs) std::copy(sum.begin(), sum.end(), r->buffer.begin());
+      for (auto& l : layers) l.complete_round();
+    }
+  }
+  out = g;
+  for (std::size_t r = 0; r < layers.size(); ++r) {
+    auto s = spans(out[r]);
+    REQUIRE_FALSE(layers[r].finish_step(s).skipped);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("plan: rules pick codecs, explicit choices win, small layers of one codec share buckets") {
@@ -89,35 +121,9 @@ TEST_CASE("bucket layer: a framework drives the rounds with its own collectives"
   for (int r = 0; r < n; ++r) layers.emplace_back(gx::plan(small_model(), o), r, n);
   const auto m = small_model();
   for (std::uint64_t step = 0; step < 9; ++step) {
-    std::vector<std::vector<std::vector<float>>> g(n);
+    std::vector<std::vector<std::vector<float>>> g(n), out;
     for (int r = 0; r < n; ++r) g[std::size_t(r)] = gradients(m, r, step);
-    for (int r = 0; r < n; ++r) {
-      std::vector<std::span<const float>> in(g[std::size_t(r)].begin(), g[std::size_t(r)].end());
-      layers[std::size_t(r)].begin_step(in);
-    }
-    for (;;) {
-      std::vector<gx::pending_round*> rs;
-      for (auto& l : layers) rs.push_back(l.next_round());
-      if (!rs[0]) break;
-      if (rs[0]->spec.op == gx::round_op::all_gather) {
-        std::vector<std::vector<std::byte>> all;
-        for (auto* r : rs) all.push_back(r->payload);
-        for (auto& l : layers) l.complete_round(all);
-      } else {
-        REQUIRE(rs[0]->spec.op == gx::round_op::sum);
-        std::vector<float> sum(rs[0]->buffer.size(), 0.0f);
-        for (auto* r : rs)
-          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r->buffer[i];
-        for (auto* r : rs) std::copy(sum.begin(), sum.end(), r->buffer.begin());
-        for (auto& l : layers) l.complete_round();
-      }
-    }
-    std::vector<std::vector<std::vector<float>>> out = g;
-    for (int r = 0; r < n; ++r) {
-      auto s = spans(out[std::size_t(r)]);
-      const auto rep = layers[std::size_t(r)].finish_step(s);
-      CHECK_FALSE(rep.skipped);
-    }
+    drive_step(layers, g, out);
     for (int r = 1; r < n; ++r)
       for (std::size_t i = 0; i < m.size(); ++i) CHECK(bit_equal(out[std::size_t(r)][i], out[0][i]));
     // Dense layers (the biases) are the exact mean.
@@ -132,40 +138,6 @@ TEST_CASE("bucket layer: a framework drives the rounds with its own collectives"
   CHECK(layers[0].schedule().cycle() == 2);
 }
 
-namespace {
-
-/// One step of `layers` (one per rank, in one thread) on g[rank]; the sums in
-/// rank order, the all-gathers in rank order; the outputs in `out`.
-void drive_step(std::vector<gx::bucket_layer<>>& layers, const std::vector<std::vector<std::vector<float>>>& g,
-                std::vector<std::vector<std::vector<float>>>& out) {
-  for (std::size_t r = 0; r < layers.size(); ++r) {
-    std::vector<std::span<const float>> in(g[r].begin(), g[r].end());
-    layers[r].begin_step(in);
-  }
-  for (;;) {
-    std::vector<gx::pending_round*> rs;
-    for (auto& l : layers) rs.push_back(l.next_round());
-    if (!rs[0]) break;
-    if (rs[0]->spec.op == gx::round_op::all_gather) {
-      std::vector<std::vector<std::byte>> all;
-      for (auto* r : rs) all.push_back(r->payload);
-      for (auto& l : layers) l.complete_round(all);
-    } else {
-      std::vector<float> sum(rs[0]->buffer.size(), 0.0f);
-      for (auto* r : rs)
-        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r->buffer[i];
-      for (auto* r : rs) std::copy(sum.begin(), sum.end(), r->buffer.begin());
-      for (auto& l : layers) l.complete_round();
-    }
-  }
-  out = g;
-  for (std::size_t r = 0; r < layers.size(); ++r) {
-    auto s = spans(out[r]);
-    REQUIRE_FALSE(layers[r].finish_step(s).skipped);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("bucket layer: deferred fits (defer_fits): one rank fits, the others adopt its bases bit for bit") {
   const int n = 3;
