@@ -29,7 +29,8 @@ torch_ddp_resnet50_<hook>_own_ms and torch_ddp_resnet50_allreduce_ms.
 (gradiveq_plus: pooled 16 slices, lambda 0.01, QSGD 4-bit sampling; the 1-D
 parameters and the fc weight dense), warm-up 5, L_t 150, L_c 100 by default
 (--gradiveq-schedule), 256 steps; --gradiveq-max-dimension, --gradiveq-basis-storage,
---gradiveq-sampling-norm, --gradiveq-error-feedback and --gradiveq-spread-sampling select the
+--gradiveq-sampling-norm, --gradiveq-error-feedback, --gradiveq-spread-sampling and
+--gradiveq-fit-sharing select the
 variants of train_ddp.py's gradiveq_max hooks: the hook's own time split per phase (the
 step that ends L_t runs the PCA fit) and RESULT torch_ddp_gradiveq_fit_ms,
 torch_ddp_gradiveq_compressed_own_ms, torch_ddp_gradiveq_sampling_own_ms
@@ -200,6 +201,7 @@ def gradiveq_phases_worker(rank, world, args):
     cap["sampling_qsgd_norm"] = args.gradiveq_sampling_norm
     cap["error_feedback"] = args.gradiveq_error_feedback
     cap["spread_sampling"] = args.gradiveq_spread_sampling
+    cap["fit_sharing"] = args.gradiveq_fit_sharing
     state = gt.GradiVeQState(model, **gt.GRADIVEQ_PLUS, **cap, small="dense", small_below=0, seed=1,
                              warmup_iterations=warm, sampling_iterations=lt, compressed_iterations=lc,
                              options={"fallback": "dense"})
@@ -386,6 +388,8 @@ def main():
                     help="gradiveq-phases: GradiVeQState sampling_qsgd_norm (max: train_ddp.py's gradiveq_max)")
     ap.add_argument("--gradiveq-error-feedback", action="store_true",
                     help="gradiveq-phases: GradiVeQState error_feedback")
+    ap.add_argument("--gradiveq-fit-sharing", choices=["none", "host"], default="none",
+                    help="gradiveq-phases: GradiVeQState fit_sharing (host: each basis fitted once by the host's ranks)")
     ap.add_argument("--gradiveq-spread-sampling", action="store_true",
                     help="gradiveq-phases: GradiVeQState spread_sampling (the fit then ends each cycle)")
     args = ap.parse_args()
