@@ -322,3 +322,21 @@ def test_qsgd_max_norm_is_a_plan_option_with_its_own_fingerprint():
             assert np.array_equal(a, b)
     for a, b in zip(grads[0], want):
         np.testing.assert_allclose(a, b, atol=0.05)
+
+
+def test_fit_sharing_options_are_checked():
+    """fit_sharing takes "none" or "host"; "host" needs torch.distributed initialized (its constructor
+    finds the host's ranks with a collective); fit_timeout must be positive; none of them is a plan option."""
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    state = gt.GradiVeQState(Net())
+    assert state.fit_sharing == "none" and state.fit_sharing_members == [] and state._fit_sharing is None
+    assert "fit_sharing" not in state._plan_options
+    with pytest.raises(gradcomp.InvalidArgument, match="'none' or 'host'"):
+        gt.GradiVeQState(Net(), fit_sharing="node")
+    with pytest.raises(gradcomp.InvalidArgument, match="torch.distributed initialized"):
+        gt.GradiVeQState(Net(), fit_sharing="host")
+    with pytest.raises(gradcomp.InvalidArgument, match="fit_timeout"):
+        gt.GradiVeQState(Net(), fit_timeout=0)
+    with pytest.raises(gradcomp.InvalidArgument):  # only GradiVeQ fits a basis
+        gt.QSGDState(Net(), fit_sharing="host")

@@ -112,7 +112,8 @@ def _train_all(rank, world, runs):
 
 
 def test_state_dict_resumes_bit_for_bit_at_2_ranks():
-    codecs = ["two_bit", "qsgd", "top_k", "gradiveq", "gradiveq_ef_spread", "gradiveq_efq_spread"]
+    codecs = ["two_bit", "qsgd", "top_k", "gradiveq", "gradiveq_ef_spread", "gradiveq_efq_spread",
+              "gradiveq_ef_spread_hostfit"]
     per_rank = h.unwrap(h.spawn(2, workers.resume_all, codecs))
     for results in per_rank:
         for codec in codecs:

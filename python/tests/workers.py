@@ -123,7 +123,8 @@ def resume_all(rank, world, codecs):
     # gradiveq_ef_spread stops in L_c, its error-feedback memory held, and resumes through a spread cycle;
     # gradiveq_efq_spread stops right after L_t, holding only the sampler's rounding, which the next
     # (compressed) step must send
-    steps_of = {"gradiveq_ef_spread": {"total": 16, "stop": 9}, "gradiveq_efq_spread": {"total": 16, "stop": 7}}
+    steps_of = {"gradiveq_ef_spread": {"total": 16, "stop": 9}, "gradiveq_efq_spread": {"total": 16, "stop": 7},
+                "gradiveq_ef_spread_hostfit": {"total": 16, "stop": 9}}
     out = {codec: resume(rank, world, codec, **steps_of.get(codec, {})) for codec in codecs}
     out["two_bit without hook state"] = resume(rank, world, "two_bit", load_hook_state=False)
     return out
