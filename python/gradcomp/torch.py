@@ -411,8 +411,8 @@ class _HostFits:
     """GradiVeQ fits shared by the ranks of one host (``GradiVeQState(fit_sharing="host")``).
 
     At the end of L_t every rank has the same samples, so every rank would fit the same bases. Here each
-    pending parameter's fit is given to one rank of the host (largest first, to the least loaded rank; ties
-    to the lowest: the same assignment on every rank), that rank runs it (``DDPBuckets.fit``) and writes the
+    pending parameter's fit is given to one rank of the host (``owners``: the same assignment on every
+    rank, from the fits' ``work``, which every rank computes alike), that rank runs it (``DDPBuckets.fit``) and writes the
     bases to a file in a directory of its own host's ``/dev/shm``, and the others read them and adopt them
     (``DDPBuckets.adopt_fit``, which checks they are the fit it expects). A file is written under a temporary
     name and renamed, so a reader never sees half of one. A rank whose fit raised writes the error instead,
