@@ -200,6 +200,19 @@ concept ZeroCopyTransport = Transport<T> && requires(T& t, int peer, int tag, st
 /// in-process transport: inproc_endpoint::zero_copy()). A driver with a
 /// zero-copy path takes it through that face when it has the transport
 /// itself (not a decorator around it: decorators count or delay the moving calls).
+/// A ZeroCopyTransport that waits for many of its handles in one call
+/// (mpi_transport: one MPI_Waitall instead of a call per message), an
+/// optional capability: `T::wait_all(std::span<send handle>)` and
+/// `T::wait_all(std::span<receive handle* const>)`, after which each
+/// handle's wait() returns at once. The schedules' links use it to wait for
+/// a batch of messages (schedules/link.hpp).
+template <class T>
+concept BatchWaitTransport =
+    ZeroCopyTransport<T> && requires(T& t, std::span<const std::byte> out, std::span<std::byte> in) {
+      T::wait_all(std::span<decltype(t.isend_view(0, 0, out))>{});
+      T::wait_all(std::span<decltype(t.irecv_into(0, 0, in))* const>{});
+    };
+
 template <class T>
 concept ZeroCopyCapableTransport = Transport<T> && requires(T& t) {
   { t.zero_copy() } -> ZeroCopyTransport;

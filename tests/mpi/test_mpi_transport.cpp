@@ -119,6 +119,56 @@ TEST_CASE("zero-copy: isend_view and irecv_into move caller-owned memory") {
   }
 }
 
+TEST_CASE("wait_all: a batch of views and receives waited in one call, with and without a deadline") {
+  static_assert(BatchWaitTransport<transport::mpi_transport>);
+  for (const int timeout_ms : {0, 60000}) {  // one MPI_Waitall; each handle's own wait() with a deadline
+    transport::mpi_transport_options options;
+    options.timeout = std::chrono::milliseconds(timeout_ms);
+    transport::mpi_transport t(MPI_COMM_WORLD, options);
+    const int n = t.size(), r = t.rank();
+    std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+    std::vector<transport::mpi_transport::recv_into_handle> recvs;
+    std::vector<transport::mpi_transport::send_handle> sends;
+    recvs.reserve(static_cast<std::size_t>(n));
+    for (int p = 0; p < n; ++p) {  // every rank sends p + 3 bytes to rank p, its own too
+      in[static_cast<std::size_t>(p)].assign(static_cast<std::size_t>(r + 3), std::byte{0});
+      recvs.push_back(t.irecv_into(p, 31, in[static_cast<std::size_t>(p)]));
+    }
+    for (int p = 0; p < n; ++p) {
+      out[static_cast<std::size_t>(p)] = bytes_of(100 * r + p, static_cast<std::size_t>(p + 3));
+      sends.push_back(t.isend_view(p, 31, out[static_cast<std::size_t>(p)]));
+    }
+    std::vector<transport::mpi_transport::recv_into_handle*> handles{nullptr};  // null entries are skipped
+    for (auto& h : recvs) handles.push_back(&h);
+    transport::mpi_transport::wait_all(std::span<transport::mpi_transport::recv_into_handle* const>(handles));
+    transport::mpi_transport::wait_all(std::span<transport::mpi_transport::send_handle>(sends));
+    for (int p = 0; p < n; ++p) {
+      CHECK(recvs[static_cast<std::size_t>(p)].wait() == static_cast<std::size_t>(r + 3));  // done: returns at once
+      CHECK(in[static_cast<std::size_t>(p)] == bytes_of(100 * p + r, static_cast<std::size_t>(r + 3)));
+      CHECK(sends[static_cast<std::size_t>(p)].test());
+    }
+    transport::mpi_transport::wait_all(std::span<transport::mpi_transport::recv_into_handle* const>(handles));  // again: nothing
+    t.barrier();
+  }
+}
+
+TEST_CASE("wait_all: a message longer than its buffer is a transport_error") {
+  transport::mpi_transport t(MPI_COMM_WORLD, transport::mpi_transport_options{.timeout = std::chrono::milliseconds(0)});
+  const int n = t.size(), r = t.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<std::byte> small(8), fits(64);
+  auto a = t.irecv_into(prev, 32, fits);
+  auto b = t.irecv_into(prev, 33, small);
+  auto sa = t.isend(next, 32, bytes_of(r, 64));
+  auto sb = t.isend(next, 33, bytes_of(r, 64));
+  std::vector<transport::mpi_transport::recv_into_handle*> handles{&a, &b};
+  CHECK_THROWS_AS(transport::mpi_transport::wait_all(std::span<transport::mpi_transport::recv_into_handle* const>(handles)),
+                  transport_error);
+  sa.wait();
+  sb.wait();
+  t.barrier();
+}
+
 TEST_CASE("irecv_into: a message longer than the buffer is an error, not a silent truncation") {
   transport::mpi_transport t(MPI_COMM_WORLD);
   const int n = t.size(), r = t.rank();

@@ -66,8 +66,7 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   // fairly and arrive together. The sends of the segments given away then
   // finish (those ranges are overwritten by the all-gather) and the
   // all-gather's receives are posted before the additions start, so that...
-  for (auto& slots : in)
-    for (auto& s : slots) link.arrive(s);
+  link.arrive_all(in);  // MPI: one MPI_Waitall for the N-1 copies, not a call per message
   link.finish();
   std::vector<std::vector<slot>> out;
   out.reserve(static_cast<std::size_t>(n - 1));
@@ -84,6 +83,7 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
     if (o.average) schedule_average(part, n);
     for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
   }
+  link.arrive_all(out);
   for (auto& slots : out)
     for (auto& s : slots) link.wait_into(s);
   link.finish();

@@ -111,6 +111,7 @@ class float_link {
     std::span<float> into;  ///< the destination (zero-copy: where MPI writes; else where wait_into copies)
     int peer = 0;
     message msg;  ///< moving transports: the received buffer
+    bool arrived = false;  ///< received, counted and checked (arrive_all, receive)
   };
 
   /// A link for the calls of one schedule run; `element`: the cells' type (16-bit: packed, see the class comment).
@@ -185,6 +186,21 @@ class float_link {
   /// Waits for `s` and keeps what arrived in the slot for add_arrived (a
   /// schedule that lets every message land before it adds any).
   void arrive(slot& s) { receive(s); }
+  /// arrive() for every slot of `groups` (a range of ranges of slots), in
+  /// one wait where the transport can (BatchWaitTransport: MPI_Waitall
+  /// instead of a call per message).
+  template <class Groups>
+  void arrive_all(Groups& groups) {
+    if constexpr (BatchWaitTransport<T>) {
+      std::vector<recv_handle*> handles;
+      for (auto& g : groups)
+        for (auto& s : g)
+          if (!s.arrived) handles.push_back(&s.h);
+      ring_timed(st_.wait_seconds, [&] { T::wait_all(std::span<recv_handle* const>(handles)); });
+    }
+    for (auto& g : groups)
+      for (auto& s : g) receive(s);
+  }
   /// Adds the floats of an arrived slot into `acc` (acc = acc + received).
   template <class Add>
   void add_arrived(slot& s, std::span<float> acc, Add& add) {
@@ -231,7 +247,10 @@ class float_link {
   /// Waits for every send so far (their buffers may then be written).
   void finish() {
     ring_timed(st_.wait_seconds, [&] {
-      for (auto& h : sends_) h.wait();
+      if constexpr (BatchWaitTransport<T>)
+        T::wait_all(std::span<send_handle>(sends_));
+      else
+        for (auto& h : sends_) h.wait();
     });
     sends_.clear();
     held_.clear();
@@ -266,6 +285,7 @@ class float_link {
       return s.msg.bytes;
   }
   void receive(slot& s) {
+    if (s.arrived) return;
     std::size_t got = 0;
     ring_timed(st_.wait_seconds, [&] {
       if constexpr (zero_copy) {
@@ -280,6 +300,7 @@ class float_link {
       throw transport_error(std::string(who_) + ": rank " + std::to_string(rank()) + " expected " +
                             std::to_string(wire_size(s.into.size())) + " bytes from rank " + std::to_string(s.peer) +
                             ", got " + std::to_string(got) + " (do all ranks pass the same length and options?)");
+    s.arrived = true;
   }
   std::span<const float> received(slot& s) {
     if constexpr (zero_copy) {

@@ -390,7 +390,7 @@ class mpi_transport {
     s.buffer = std::move(buffer);
     s.peer = dest;
     s.tag = tag;
-    s.started = clock::now();
+    s.started = deadline_start();
     s.timeout = options_.timeout;
     detail::mpi_check(
         MPI_Isend(s.buffer.data(), static_cast<int>(s.buffer.size()), MPI_BYTE, dest, tag, comm_, &s.request),
@@ -407,7 +407,7 @@ class mpi_transport {
     h.self_ = rank_;
     h.source_ = source == any_source ? MPI_ANY_SOURCE : source;
     h.tag_ = tag;
-    h.started_ = clock::now();
+    h.started_ = deadline_start();
     h.timeout_ = options_.timeout;
     return h;
   }
@@ -423,7 +423,7 @@ class mpi_transport {
     auto& s = *h.state_;
     s.peer = dest;
     s.tag = tag;
-    s.started = clock::now();
+    s.started = deadline_start();
     s.timeout = options_.timeout;
     detail::mpi_check(MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, comm_, &s.request),
                       "MPI_Isend");
@@ -441,11 +441,58 @@ class mpi_transport {
     h.self_ = rank_;
     h.source_ = source;
     h.tag_ = tag;
-    h.started_ = clock::now();
+    h.started_ = deadline_start();
     h.timeout_ = options_.timeout;
     detail::mpi_check(MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, source, tag, comm_, &h.request_),
                       "MPI_Irecv");
     return h;
+  }
+
+  /// Waits for every send of `handles` (gradcomp::BatchWaitTransport): one
+  /// MPI_Waitall where no handle has a deadline, else each one's wait().
+  static void wait_all(std::span<send_handle> handles) {
+    std::vector<MPI_Request> requests;
+    for (auto& h : handles)
+      if (h.state_ && h.state_->timeout.count() != 0) {
+        for (auto& g : handles) g.wait();
+        return;
+      } else if (h.state_) {
+        requests.push_back(h.state_->request);
+      }
+    if (requests.empty()) return;
+    const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    std::size_t i = 0;  // a send MPI still reads stays with its handle (whose destructor waits for it)
+    for (auto& h : handles)
+      if (h.state_ && requests[i++] == MPI_REQUEST_NULL) h.state_.reset();
+    detail::mpi_check(code, "MPI_Waitall (send)");
+  }
+  /// Waits for every receive of `handles` (null entries skipped): one
+  /// MPI_Waitall where no handle has a deadline, else each one's wait();
+  /// each handle's wait() then returns its length at once. Errors as wait().
+  static void wait_all(std::span<recv_into_handle* const> handles) {
+    std::vector<MPI_Request> requests;
+    std::vector<recv_into_handle*> owners;
+    for (auto* h : handles)
+      if (h != nullptr && h->request_ != MPI_REQUEST_NULL && h->timeout_.count() != 0) {
+        for (auto* g : handles)
+          if (g != nullptr) g->wait();
+        return;
+      } else if (h != nullptr && h->request_ != MPI_REQUEST_NULL) {
+        requests.push_back(h->request_);
+        owners.push_back(h);
+      }
+    if (requests.empty()) return;
+    std::vector<MPI_Status> status(requests.size());
+    for (auto& st : status) st.MPI_ERROR = MPI_SUCCESS;  // set by MPI only with MPI_ERR_IN_STATUS
+    const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), status.data());
+    for (std::size_t i = 0; i < owners.size(); ++i) owners[i]->request_ = requests[i];  // pending ones are cancelled by their handle
+    if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) detail::mpi_check(code, "MPI_Waitall (receive)");
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      if (requests[i] != MPI_REQUEST_NULL) continue;  // MPI_ERR_PENDING: not done, still posted
+      if (status[i].MPI_ERROR != MPI_SUCCESS && status[i].MPI_ERROR != MPI_ERR_TRUNCATE)
+        detail::mpi_check(status[i].MPI_ERROR, "MPI_Waitall (receive)");
+      owners[i]->complete(status[i]);  // its length; a truncated message is a transport_error
+    }
   }
 
   /// Blocks until every rank of the communicator has called it.
@@ -466,6 +513,10 @@ class mpi_transport {
   void library_allreduce_max(std::span<float> x) { library_allreduce(x.data(), x.size(), sizeof(float), MPI_FLOAT, MPI_MAX); }
 
  private:
+  /// Where a handle's deadline counts from: now with a timeout; with none no
+  /// clock is read (MPI_Wtime is an MPI call: under SMPI each one lets every
+  /// other simulated rank run, and the code around it is charged as computation).
+  clock::time_point deadline_start() const noexcept { return options_.timeout.count() > 0 ? clock::now() : clock::time_point{}; }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_)
       throw invalid_argument_error(std::string("gradcomp mpi: ") + what + " to rank " + std::to_string(peer) +
@@ -530,7 +581,7 @@ class mpi_transport {
   std::vector<std::shared_ptr<std::vector<std::byte>>> abandoned_;  // buffers of timed-out library all-reduces
 };
 
-static_assert(ZeroCopyTransport<mpi_transport>);
+static_assert(BatchWaitTransport<mpi_transport>);
 
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport
