@@ -6,8 +6,9 @@
 // library capability (float sum, words, max); a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
 // cells travel packed (2 bytes each) with the same bits; Rabenseifner and
-// direct give the same bits with any max_chunks; and a rank waiting for
-// a late peer does not spin a core yet honours its deadline.
+// direct give the same bits with any max_chunks; a rank waiting for
+// a late peer does not spin a core yet honours its deadline; and direct with
+// mismatched lengths is a transport_error on every rank (batched waits).
 #include <doctest/doctest.h>
 
 #include <gradcomp/dense.hpp>
@@ -369,4 +370,17 @@ TEST_CASE("mpi schedules: the exchange on Rabenseifner, the library and the cost
     CHECK(rel_error(lib[l], ring[l]) < 1e-3);
     CHECK(rel_error(chosen.first[l], ring[l]) < 1e-3);
   }
+}
+
+TEST_CASE("mpi schedules: direct with ranks that pass different lengths fails on every rank, batched waits, no timeout") {
+  // Rank 0's segments are one float shorter than everyone else's: every rank
+  // receives a copy of the wrong length from rank 0 (or, rank 0, from
+  // everyone) in the reduce-scatter, waited with one MPI_Waitall (no
+  // deadline): a longer one is MPI's truncation, a shorter one the link's
+  // length check, both a transport_error; nobody reaches the all-gather.
+  transport::mpi_transport t(MPI_COMM_WORLD, transport::mpi_transport_options{.timeout = std::chrono::milliseconds(0)});
+  const std::size_t n = static_cast<std::size_t>(t.size());
+  vec x(t.rank() == 0 ? 20 * n : 21 * n, 1.0f);
+  CHECK_THROWS_AS(allreduce(execution::seq{}, t, std::span<float>(x), {.kind = schedule_kind::direct}), transport_error);
+  t.barrier();
 }
