@@ -195,11 +195,6 @@ concept ZeroCopyTransport = Transport<T> && requires(T& t, int peer, int tag, st
   { t.irecv_into(peer, tag, in) } -> RecvIntoHandle;
 };
 
-/// A transport whose own isend/irecv move whole vectors but which offers a
-/// ZeroCopyTransport over the same ranks and messages, `t.zero_copy()` (the
-/// in-process transport: inproc_endpoint::zero_copy()). A driver with a
-/// zero-copy path takes it through that face when it has the transport
-/// itself (not a decorator around it: decorators count or delay the moving calls).
 /// A ZeroCopyTransport that waits for many of its handles in one call
 /// (mpi_transport: one MPI_Waitall instead of a call per message), an
 /// optional capability: `T::wait_all(std::span<send handle>)` and
@@ -213,6 +208,11 @@ concept BatchWaitTransport =
       T::wait_all(std::span<decltype(t.irecv_into(0, 0, in))* const>{});
     };
 
+/// A transport whose own isend/irecv move whole vectors but which offers a
+/// ZeroCopyTransport over the same ranks and messages, `t.zero_copy()` (the
+/// in-process transport: inproc_endpoint::zero_copy()). A driver with a
+/// zero-copy path takes it through that face when it has the transport
+/// itself (not a decorator around it: decorators count or delay the moving calls).
 template <class T>
 concept ZeroCopyCapableTransport = Transport<T> && requires(T& t) {
   { t.zero_copy() } -> ZeroCopyTransport;

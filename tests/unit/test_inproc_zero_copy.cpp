@@ -32,6 +32,7 @@ using gradcomp::transport::run_workers;
 static_assert(gradcomp::ZeroCopyTransport<inproc_zero_copy>);
 static_assert(gradcomp::ZeroCopyCapableTransport<inproc_endpoint>);
 static_assert(!gradcomp::ZeroCopyTransport<inproc_endpoint>);
+static_assert(!gradcomp::BatchWaitTransport<inproc_zero_copy>);  // waited one handle at a time (MPI has wait_all)
 static_assert(gradcomp::SendHandle<inproc_zero_copy::view_send_handle>);
 static_assert(gradcomp::RecvIntoHandle<inproc_zero_copy::recv_into_handle>);
 
