@@ -416,7 +416,9 @@ class _HostFits:
     bases to a file in a directory of its own host's ``/dev/shm``, and the others read them and adopt them
     (``DDPBuckets.adopt_fit``, which checks they are the fit it expects). A file is written under a temporary
     name and renamed, so a reader never sees half of one. A rank whose fit raised writes the error instead,
-    and every rank of the host raises it. A rank that waits longer than ``timeout`` for another's file
+    one copy per other rank of the host under that rank's own name (the failing rank exits at once and
+    removes its files; the copy stays until its reader has read it, or exits), and every rank of the host
+    raises it. A rank that waits longer than ``timeout`` for another's file
     raises gradcomp.TimeoutError (that rank died, or hangs). Each rank removes its previous exchange's file
     when it writes the next (every rank of the host has read it by then: a collective of a later step
     needed them all), and its files when the state is garbage-collected or the process exits.
@@ -493,8 +495,10 @@ class _HostFits:
             except _core.Error as e:
                 error = e
                 break
-        if mine or error is not None:
-            self._write(seq, mine, error)
+        if error is not None:
+            self._write_error(seq, error)
+        elif mine:
+            self._write(seq, mine)
         if seq > 0:
             try:
                 os.unlink(self._path(seq - 1, self.index))
@@ -512,7 +516,12 @@ class _HostFits:
                                    f"and {adopted} adopted")
         return len(mine), adopted
 
-    def _write(self, seq: int, fits, error) -> None:
+    def _error_path(self, seq: int, reader: int, writer: int) -> str:
+        """Where member `writer` leaves its error of exchange `seq` for member `reader`: under the reader's
+        prefix, so that the writer's exit does not remove it before the reader has read it."""
+        return os.path.join(self.directory, f"m{reader}-error-from-m{writer}-{seq}")
+
+    def _encode(self, fits, error) -> bytes:
         parts = [self._MAGIC]
         if error is not None:
             kind, text = type(error).__name__.encode(), str(error).encode()
@@ -523,17 +532,34 @@ class _HostFits:
                 raw = name.encode()
                 parts.append(struct.pack("<IQ", len(raw), len(bases)) + raw)
                 parts.append(bases)
-        final = self._path(seq, self.index)
-        with open(final + ".tmp", "wb") as f:
-            for p in parts:
-                f.write(p)
-        os.replace(final + ".tmp", final)
+        return b"".join(parts)
+
+    def _publish(self, final: str, data: bytes) -> None:
+        """Writes under this rank's temporary name, then renames: a reader sees all of the file or none."""
+        temporary = os.path.join(self.directory, f"{self._prefix}tmp")
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, final)
+
+    def _write(self, seq: int, fits) -> None:
+        self._publish(self._path(seq, self.index), self._encode(fits, None))
+
+    def _write_error(self, seq: int, error) -> None:
+        data = self._encode(None, error)
+        for reader in range(len(self.members)):
+            if reader != self.index:
+                self._publish(self._error_path(seq, reader, self.index), data)
 
     def _read(self, seq: int, index: int):
-        path = self._path(seq, index)
+        path, error_path = self._path(seq, index), self._error_path(seq, self.index, index)
         deadline = time.monotonic() + self.timeout
         pause = 0.0005
-        while not os.path.exists(path):
+        while True:  # the error copy first: a rank whose fit raised writes only that
+            if os.path.exists(error_path):
+                path = error_path
+                break
+            if os.path.exists(path):
+                break
             if time.monotonic() > deadline:
                 raise _core.TimeoutError(
                     f"gradcomp: fit sharing waited {self.timeout:g} s for the bases of rank "
@@ -542,6 +568,8 @@ class _HostFits:
             pause = min(2 * pause, 0.005)
         with open(path, "rb") as f:
             data = f.read()
+        if path == error_path:  # this rank's copy: nobody else reads it
+            os.unlink(path)
         where = f"gradcomp: fit sharing: the file of rank {self.members[index]} ({path})"
         if data[:4] != self._MAGIC or len(data) < 9:
             raise _core.WireError(f"{where} is not a gradcomp fit file")

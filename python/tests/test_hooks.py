@@ -367,7 +367,8 @@ def test_gradiveq_fit_sharing_gives_the_replicated_fit_bit_for_bit(world):
 @pytest.mark.parametrize("mode", ["dead", "raise"])
 def test_gradiveq_fit_sharing_failure_reaches_every_rank(mode):
     """A rank that dies before writing its bases makes the other raise gradcomp.TimeoutError after
-    fit_timeout (4 s here); a fit that raises on its rank raises the same error type on every rank."""
+    fit_timeout (4 s here); a fit that raises on its rank raises the same error type on every rank, also
+    when that rank has removed its files (as its exit does) before the other reads."""
     results = h.spawn(2, workers.fit_sharing_failure, mode, timeout=120)
     ok = results[0]
     assert ok[0] == "ok" and ok[1] is not None, ok

@@ -324,9 +324,19 @@ def fit_sharing_failure(rank, world, mode, bad_rank=1, n_steps=12):
     sharing = state._fit_sharing
     if rank == bad_rank and mode == "dead":
         sharing._write = lambda *a: os._exit(0)
+    # "raise": the failing rank removes its files (what its exit does) before the others read, every time
+    peer_gone = os.path.join(sharing.directory, f"m{sharing.members.index(1 - bad_rank)}-test-peer-gone")
     if rank == bad_rank and mode == "raise":
         run = sharing.run
         sharing.run = lambda ex: run(_FailingFits(ex))
+    if rank != bad_rank and mode == "raise":
+        read = sharing._read
+
+        def read_after_peer_exit(seq, index):
+            while not (os.path.exists(peer_gone) or os.path.exists(sharing._path(seq, index))):
+                time.sleep(0.001)
+            return read(seq, index)
+        sharing._read = read_after_peer_exit
     for step in range(n_steps):
         x, y = data(rank, step)
         opt.zero_grad()
@@ -338,6 +348,10 @@ def fit_sharing_failure(rank, world, mode, bad_rank=1, n_steps=12):
             else:
                 gt.backward(loss, state)
         except gradcomp.Error as e:
+            if rank == bad_rank and mode == "raise":
+                sharing._finalizer()
+                os.makedirs(sharing.directory, exist_ok=True)
+                open(peer_gone, "wb").close()
             return {"step": step, "type": type(e).__name__, "message": str(e), "seconds": time.perf_counter() - t0}
         opt.step()
     return None
