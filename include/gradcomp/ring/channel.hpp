@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/ring/schedule.hpp>
 #include <gradcomp/ring/stats.hpp>
@@ -89,7 +90,7 @@ class ring_channel {
   }
   void finish() {
     ring_timed(stats_.wait_seconds, [&] {
-      for (auto& h : sends_) h.wait();
+      detail::wait_sends<T>(std::span(sends_));
     });
     sends_.clear();
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring/schedule.hpp>
@@ -143,7 +144,7 @@ void ring_allreduce_moving(T& t, std::span<float> data, const ring_schedule& rin
     else
       ring_thread_spare() = std::move(m.bytes);  // the next call's first send (see ring_thread_spare)
   }
-  for (auto& h : sends) h.wait();
+  detail::wait_sends<T>(std::span(sends));
 }
 
 /// Floats per message of the ring over a ZeroCopyTransport: each hop's
@@ -193,7 +194,7 @@ void ring_zero_copy_all_gather(T& t, std::span<float> data, const ring_schedule&
       if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_ag, cbytes(part)));
     }
   }
-  for (auto& sh : sends) sh.wait();
+  detail::wait_sends<T>(std::span(sends));
 }
 
 /// The ring over a ZeroCopyTransport (MPI), chunk-pipelined: every hop's
@@ -255,7 +256,7 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
     if (s + 1 < steps) sends.push_back(t.isend_view(next, tag_rs, cbytes(own)));
   }
   // The all-gather receives into segments sent above: those sends must be done.
-  for (auto& h : sends) h.wait();
+  detail::wait_sends<T>(std::span(sends));
   sends.clear();
 
   ring_zero_copy_all_gather<Policy>(t, data, ring, options);
@@ -375,7 +376,7 @@ void ring_allreduce_wavefront(T& t, std::span<float> data, const ring_schedule& 
   }
   send_ready();
   // The all-gather receives into the segment sent first: those sends must be done.
-  for (auto& h : sends) h.wait();
+  detail::wait_sends<T>(std::span(sends));
   for (auto& f : forwards)
     if (f) f->wait();
   sends.clear();

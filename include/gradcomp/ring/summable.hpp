@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/ring/schedule.hpp>
@@ -168,7 +169,7 @@ ring_stats ring_summable_impl(T& t, std::span<float> cells, summable_element e, 
     if (s + 1 < steps) send(tag_ag, std::move(m.bytes));
   }
   detail::ring_timed(st.wait_seconds, [&] {
-    for (auto& h : sends) h.wait();
+    detail::wait_sends<T>(std::span(sends));
   });
   st.seconds = detail::ring_seconds_since(started);
   return st;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring/stats.hpp>
@@ -92,7 +93,7 @@ void broadcast_bytes(T& t, std::vector<std::byte>& bytes, int tag = schedule_agr
   std::vector<send_handle> sends;
   for (mask >>= 1; mask > 0; mask >>= 1)
     if (r + mask < n) sends.push_back(t.isend(r + mask, tag, std::vector<std::byte>(bytes)));
-  for (auto& h : sends) h.wait();
+  detail::wait_sends<T>(std::span(sends));
 }
 
 /// Rank 0's `values` to every rank (broadcast_bytes); transport_error naming

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/ring/linear.hpp>
@@ -225,7 +226,7 @@ class linear_mailbox {
   /// Waits for every send posted so far (their buffers stay until finish()).
   void wait_sends() {
     ring_timed(st_.wait_seconds, [&] {
-      for (auto& h : sends_) h.wait();
+      detail::wait_sends<T>(std::span(sends_));
     });
   }
   /// Waits for every send and starts the next call afresh.

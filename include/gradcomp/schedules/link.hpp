@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/wait_sends.hpp>
 #include <gradcomp/errors.hpp>
 #include <gradcomp/payloads/summable.hpp>
 #include <gradcomp/ring/stats.hpp>
@@ -247,10 +248,7 @@ class float_link {
   /// Waits for every send so far (their buffers may then be written).
   void finish() {
     ring_timed(st_.wait_seconds, [&] {
-      if constexpr (BatchWaitTransport<T>)
-        T::wait_all(std::span<send_handle>(sends_));
-      else
-        for (auto& h : sends_) h.wait();
+      detail::wait_sends<T>(std::span(sends_));
     });
     sends_.clear();
     held_.clear();

@@ -451,14 +451,13 @@ class mpi_transport {
   /// Waits for every send of `handles` (gradcomp::BatchWaitTransport): one
   /// MPI_Waitall where no handle has a deadline, else each one's wait().
   static void wait_all(std::span<send_handle> handles) {
+    if (std::ranges::any_of(handles, [](const send_handle& h) { return h.state_ && h.state_->timeout.count() != 0; })) {
+      for (auto& h : handles) h.wait();
+      return;
+    }
     std::vector<MPI_Request> requests;
     for (auto& h : handles)
-      if (h.state_ && h.state_->timeout.count() != 0) {
-        for (auto& g : handles) g.wait();
-        return;
-      } else if (h.state_) {
-        requests.push_back(h.state_->request);
-      }
+      if (h.state_) requests.push_back(h.state_->request);
     if (requests.empty()) return;
     const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
     std::size_t i = 0;  // a send MPI still reads stays with its handle (whose destructor waits for it)
@@ -470,14 +469,16 @@ class mpi_transport {
   /// MPI_Waitall where no handle has a deadline, else each one's wait();
   /// each handle's wait() then returns its length at once. Errors as wait().
   static void wait_all(std::span<recv_into_handle* const> handles) {
+    auto pending = [](const recv_into_handle* h) { return h != nullptr && h->request_ != MPI_REQUEST_NULL; };
+    if (std::ranges::any_of(handles, [&](const recv_into_handle* h) { return pending(h) && h->timeout_.count() != 0; })) {
+      for (auto* h : handles)
+        if (h != nullptr) h->wait();
+      return;
+    }
     std::vector<MPI_Request> requests;
     std::vector<recv_into_handle*> owners;
     for (auto* h : handles)
-      if (h != nullptr && h->request_ != MPI_REQUEST_NULL && h->timeout_.count() != 0) {
-        for (auto* g : handles)
-          if (g != nullptr) g->wait();
-        return;
-      } else if (h != nullptr && h->request_ != MPI_REQUEST_NULL) {
+      if (pending(h)) {
         requests.push_back(h->request_);
         owners.push_back(h);
       }
