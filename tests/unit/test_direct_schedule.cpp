@@ -73,6 +73,43 @@ TEST_CASE("direct schedule: the mean, the same bits whatever the chunk, and 2(N-
   CHECK(std::string(gradcomp::to_string(schedule_kind::direct)) == "direct");
 }
 
+TEST_CASE("direct schedule: one reduce-scatter message per peer, the all-gather chunked; copies cut at the cap, same bits") {
+  // 5 ranks, 1003 floats: segments of 200-201; chunks of 7 floats grow to 26 to keep to
+  // max_chunks = 8 in the all-gather, and the copies go whole: (N-1) + (N-1) x 8 messages.
+  {
+    const int n = 5;
+    std::vector<gradcomp::ring_stats> st;
+    (void)run_direct(n, inputs(n, 1003, 3), {.kind = schedule_kind::direct, .chunk_elements = 7}, &st);
+    for (const auto& s : st) CHECK(s.messages_sent == std::size_t((n - 1) + (n - 1) * 8));
+  }
+  // A copy longer than the cap goes as several messages; the all-gather's chunks then add
+  // pieces of them (a chunk may straddle two): the same bits as whole copies, every chunk size.
+  for (int n : {2, 3, 5, 7})
+    for (std::size_t len : {std::size_t(1), std::size_t(13), std::size_t(257), std::size_t(1003)})
+      for (std::size_t chunk : {std::size_t(0), std::size_t(3), std::size_t(7), std::size_t(64)})
+        for (std::size_t cap : {std::size_t(1), std::size_t(5), std::size_t(17), std::size_t(100)}) {
+          CAPTURE(n);
+          CAPTURE(len);
+          CAPTURE(chunk);
+          CAPTURE(cap);
+          const auto x = inputs(n, len, 7 + len);
+          const schedule_options o{.kind = schedule_kind::direct, .chunk_elements = chunk, .max_chunks = 0};
+          const auto whole = run_direct(n, x, o);
+          std::vector<vec> cut = x;
+          std::vector<gradcomp::ring_stats> st(static_cast<std::size_t>(n));
+          run_workers(n, [&](inproc_endpoint& ep) {
+            gradcomp::float_adder<gradcomp::execution::seq> add;
+            st[std::size_t(ep.rank())] = gradcomp::detail::direct_impl(ep, std::span<float>(cut[std::size_t(ep.rank())]), o, add, cap);
+          }, {.recv_timeout = 60s});
+          for (int r = 0; r < n; ++r) CHECK(bit_equal(cut[std::size_t(r)], whole[0]));
+          // rank 0: ceil(segment / cap) copies to each peer, then its own segment's chunks to each
+          const gradcomp::ring_schedule split(0, n, len);
+          std::size_t copies = 0;
+          for (int j = 1; j < n; ++j) copies += (split.size(j) + cap - 1) / cap;
+          CHECK(st[0].messages_sent == copies + std::size_t(n - 1) * gradcomp::detail::link_chunks(split.size(0), chunk));
+        }
+}
+
 TEST_CASE("direct and Rabenseifner: a workspace kept across calls gives the same bits and grows only") {
   const int n = 5;
   for (schedule_kind kind : {schedule_kind::direct, schedule_kind::rabenseifner}) {
@@ -140,6 +177,10 @@ TEST_CASE("cost model: the direct schedule is priced only on request, two phases
   const double slow = (1e-5 + 3000e-9) + (1e-5 + 2500e-9 + 5000e-9);
   CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(slow).epsilon(1e-12));
   m.add_s = 1e-9;
+  // A measured per-message cost: one copy to each of the 3 peers, then 3 chunks to each.
+  m.message_s = 1e-6;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(chunked + 12e-6).epsilon(1e-12));
+  m.message_s = 0;
   gradcomp::cost_problem c = p;
   c.compressed = true;
   CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::direct, c)));

@@ -133,7 +133,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
 ///                  the additions, and not the first chunk's; dense only)
 /// plus, for a codec, (encode_s + decode_s) x elements, and message_s per message a rank sends (a hop's
-/// chunks; direct: 2(N-1)k). gamma = add_s.
+/// chunks; direct: (N-1)(1 + k)). gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
   const int n = std::max(1, p.ranks);
@@ -179,9 +179,9 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       const double k = detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
-      // the messages: k chunks to each of N-1 peers in each of the two phases
+      // the messages: one copy to each of the N-1 peers, then k all-gather chunks to each
       return (m.inter.latency_s + wire) + (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k)) +
-             detail::cost_messages(k, m, 2.0 * double(n - 1));
+             detail::cost_messages(1.0, m, double(n - 1)) + detail::cost_messages(k, m, double(n - 1));
     }
     case schedule_kind::library: return inf;
   }

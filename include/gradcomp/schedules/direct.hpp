@@ -14,6 +14,7 @@
 /// flow-level simulator), the ring or Rabenseifner is safer.
 /// Part of <gradcomp/schedules.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -31,9 +32,17 @@ namespace gradcomp {
 namespace detail {
 GRADCOMP_ABI_NAMESPACE_BEGIN
 
-/// The direct all-reduce with an explicit addition (see direct_allreduce).
+/// The most floats one reduce-scatter message of the direct schedule carries
+/// (2^26 floats = 256 MiB, under MPI's int count of bytes); a larger segment
+/// goes as several messages.
+inline constexpr std::size_t direct_message_floats = std::size_t{1} << 26;
+
+/// The direct all-reduce with an explicit addition (see direct_allreduce);
+/// `copy_message_floats`: the most floats of one reduce-scatter message (the
+/// tests make it small to cut copies into several messages).
 template <class T, class Add>
-ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, Add& add) {
+ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, Add& add,
+                       std::size_t copy_message_floats = direct_message_floats) {
   constexpr const char* who = "direct_allreduce";
   const auto started = ring_clock::now();
   ring_stats st;
@@ -46,9 +55,18 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   const std::span<float> mine = seg(r);
   float_link<T> link(t, st, who, link_element(add));
   using slot = typename float_link<T>::slot;
-  // A segment goes as at most options.max_chunks messages (chunks of at least chunk_elements floats).
+  // All-gather: a segment goes as at most options.max_chunks messages (chunks of at least
+  // chunk_elements floats), so that chunk c travels while chunk c + 1 is summed.
   const auto chunk_of = [&](std::size_t elements) { return link_chunk_size(elements, o.chunk_elements, o.max_chunks); };
   const std::size_t mc = chunk_of(mine.size());
+  // Reduce-scatter: one message per peer. Chunks would hide nothing there (every copy
+  // lands before any is added) and cost a message each (under SMPI at 64 ranks, 16 MB:
+  // 18.3 ms with 2 per peer, 14.4 with 1; docs/performance.md); cut only where a segment
+  // would exceed copy_message_floats.
+  const auto copy_chunk_of = [&](std::size_t elements) {
+    return link_chunk_size(elements, std::max<std::size_t>(1, copy_message_floats), o.max_chunks);
+  };
+  const std::size_t rc = copy_chunk_of(mine.size());
 
   // Reduce-scatter: receive every peer's copy of my segment (peer r+1, r+2, ... in that order).
   scratch_floats space(o.workspace);
@@ -56,11 +74,11 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   std::vector<std::vector<slot>> in;
   in.reserve(static_cast<std::size_t>(n - 1));
   for (int k = 1; k < n; ++k)
-    in.push_back(link_post_chunks(link, (r + k) % n, tag, scratch.subspan(mine.size() * std::size_t(k - 1), mine.size()), mc));
+    in.push_back(link_post_chunks(link, (r + k) % n, tag, scratch.subspan(mine.size() * std::size_t(k - 1), mine.size()), rc));
   // ...and send segment j to rank j (rank r-1, r-2, ...: every rank's first sends go to different ranks).
   for (int k = 1; k < n; ++k) {
     const int peer = (r - k + n) % n;
-    link_send_chunks(link, peer, tag, std::span<const float>(seg(peer)), chunk_of(seg(peer).size()));
+    link_send_chunks(link, peer, tag, std::span<const float>(seg(peer)), copy_chunk_of(seg(peer).size()));
   }
   // Every copy of my segment lands before any is added: they share my port
   // fairly and arrive together. The sends of the segments given away then
@@ -79,7 +97,12 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   // (r+1) + (r+2) + ... in that fixed order, element by element.
   for (std::size_t c = 0; c < link_chunks(mine.size(), mc); ++c) {
     const std::span<float> part = link_chunk(mine, mc, c);
-    for (auto& slots : in) link.add_arrived(slots[c], part, add);
+    const std::size_t begin = c * mc, end = begin + part.size();  // within `mine` (mc 0: one chunk, begin 0)
+    for (auto& slots : in)  // the pieces of the copies' messages (rc floats each) that cover [begin, end)
+      for (std::size_t m = begin / rc; m * rc < end; ++m) {
+        const std::size_t lo = std::max(begin, m * rc), hi = std::min(end, (m + 1) * rc);
+        link.add_arrived(slots[m], part.subspan(lo - begin, hi - lo), add, lo - m * rc);
+      }
     if (o.average) schedule_average(part, n);
     for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
   }
@@ -99,9 +122,11 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// place, for any N (see the file comment). Each segment is summed on its
 /// owner alone, in the order own, rank+1, rank+2, ..., and its bits copied
 /// to every rank: bit-identical on every rank. Per rank 2(N-1)/N of the
-/// vector sent in 2 latency steps, N-1 messages at once (each cut into
-/// chunks of options.chunk_elements floats, grown so that a segment goes as
-/// at most options.max_chunks messages), and (N-1)/N of the vector of
+/// vector sent in 2 latency steps: the reduce-scatter's N-1 copies at once,
+/// one message per peer (chunks would hide nothing: every copy lands before
+/// any is added), then the all-gather's, each segment cut into chunks of
+/// options.chunk_elements floats, grown so that a segment goes as at most
+/// options.max_chunks messages; and (N-1)/N of the vector of
 /// scratch (options.workspace when given: keep one across calls). The
 /// additions of chunk c + 1 overlap the all-gather of chunk c. Tags
 /// options.tag_base (reduce-scatter) and + 1 (all-gather).

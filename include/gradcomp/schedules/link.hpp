@@ -202,14 +202,22 @@ class float_link {
     for (auto& g : groups)
       for (auto& s : g) receive(s);
   }
-  /// Adds the floats of an arrived slot into `acc` (acc = acc + received).
+  /// Adds floats [offset, offset + acc.size()) of an arrived slot into `acc`
+  /// (acc = acc + received): all of it by default, or one piece of a message
+  /// that is added in several (the direct schedule's all-gather chunks).
   template <class Add>
-  void add_arrived(slot& s, std::span<float> acc, Add& add) {
+  void add_arrived(slot& s, std::span<float> acc, Add& add, std::size_t offset = 0) {
+    if (offset > s.into.size() || acc.size() > s.into.size() - offset)
+      throw size_mismatch_error(std::string(who_) + ": a piece at float " + std::to_string(offset) +
+                                    " of a received message (floats after it)",
+                                acc.size(), offset > s.into.size() ? 0 : s.into.size() - offset);
     if (packed_) {
-      ring_timed(st_.combine_seconds, [&] { summable::add_packed_into(element_, acc, bytes(s)); });
+      const std::size_t w = summable::wire_bytes(element_);
+      const auto piece = std::span<const std::byte>(bytes(s)).subspan(offset * w, acc.size() * w);
+      ring_timed(st_.combine_seconds, [&] { summable::add_packed_into(element_, acc, piece); });
       return;
     }
-    ring_timed(st_.combine_seconds, [&] { add(acc, received(s)); });
+    ring_timed(st_.combine_seconds, [&] { add(acc, received(s, offset, acc.size())); });
   }
   /// Waits for `s`, adds `own` to it and sends the sum to `peer`. Zero-copy:
   /// the sum is left in `own` and sent from there; moving transports add
@@ -300,13 +308,14 @@ class float_link {
                             ", got " + std::to_string(got) + " (do all ranks pass the same length and options?)");
     s.arrived = true;
   }
-  std::span<const float> received(slot& s) {
+  /// Floats [offset, offset + count) of an arrived slot (within it: add_arrived checks).
+  std::span<const float> received(slot& s, std::size_t offset, std::size_t count) {
     if constexpr (zero_copy) {
-      return s.into;
+      return std::span<const float>(s.into).subspan(offset, count);
     } else {
-      if (aligned(s.msg.bytes)) return as_floats(s.msg.bytes);
-      fallback_.resize(s.into.size());
-      if (!fallback_.empty()) std::memcpy(fallback_.data(), s.msg.bytes.data(), s.msg.bytes.size());
+      if (aligned(s.msg.bytes)) return as_floats(s.msg.bytes).subspan(offset, count);
+      fallback_.resize(count);
+      if (count != 0) std::memcpy(fallback_.data(), s.msg.bytes.data() + offset * sizeof(float), count * sizeof(float));
       return fallback_;
     }
   }
