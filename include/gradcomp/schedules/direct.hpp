@@ -60,9 +60,9 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
   const auto chunk_of = [&](std::size_t elements) { return link_chunk_size(elements, o.chunk_elements, o.max_chunks); };
   const std::size_t mc = chunk_of(mine.size());
   // Reduce-scatter: one message per peer. Chunks would hide nothing there (every copy
-  // lands before any is added) and cost a message each (under SMPI at 64 ranks, 16 MB:
-  // 18.3 ms with 2 per peer, 14.4 with 1; docs/performance.md); cut only where a segment
-  // would exceed copy_message_floats.
+  // lands before any is added) and cost a message each (under SMPI at 64 ranks, 16 MB,
+  // 25 Gbit/s: 18.3 ms with 2 chunks per peer in both phases, 16.6 with the copies whole;
+  // docs/performance.md); cut only where a segment would exceed copy_message_floats.
   const auto copy_chunk_of = [&](std::size_t elements) {
     return link_chunk_size(elements, std::max<std::size_t>(1, copy_message_floats), o.max_chunks);
   };
