@@ -208,6 +208,17 @@ concept BatchWaitTransport =
       T::wait_all(std::span<decltype(t.irecv_into(0, 0, in))* const>{});
     };
 
+/// A ZeroCopyTransport that can start a batch of posts together
+/// (mpi_transport: `t.batch_posts()` opens a batch; the isend_view and
+/// irecv_into calls made while it lives start when it closes, with one
+/// MPI_Startall per wave of distinct peers and tags). The schedules open one
+/// around each phase's posts (schedules/link.hpp: float_link::batch).
+template <class T>
+concept BatchPostTransport = ZeroCopyTransport<T> && requires(T& t) {
+  { t.batch_posts() } -> std::move_constructible;
+  t.batch_posts().close();
+};
+
 /// A transport whose own isend/irecv move whole vectors but which offers a
 /// ZeroCopyTransport over the same ranks and messages, `t.zero_copy()` (the
 /// in-process transport: inproc_endpoint::zero_copy()). A driver with a

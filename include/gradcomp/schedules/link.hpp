@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -83,6 +84,32 @@ constexpr summable_element link_element(const Add& add) noexcept {
     return summable_element::float32;
 }
 
+template <class T, bool = BatchPostTransport<T>>
+struct link_batch_type {
+  struct type {};  // no batches: nothing to hold
+};
+template <class T>
+struct link_batch_type<T, true> {
+  using type = std::optional<decltype(std::declval<T&>().batch_posts())>;
+};
+
+/// A post batch of a link (float_link::batch): the transport's own where it
+/// is a BatchPostTransport, else nothing. close() (or the destructor) starts
+/// the posts made while it was open.
+template <class T>
+class link_post_batch {
+ public:
+  link_post_batch() = default;
+  explicit link_post_batch(typename link_batch_type<T>::type&& b) : batch_(std::move(b)) {}
+  void close() {
+    if constexpr (BatchPostTransport<T>)
+      if (batch_) batch_->close();
+  }
+
+ private:
+  typename link_batch_type<T>::type batch_{};
+};
+
 /// Sends and receives float ranges for one schedule call (see the file comment).
 /// A ZeroCopyTransport's sends read the caller's floats until finish():
 /// keep them unchanged until then.
@@ -121,6 +148,18 @@ class float_link {
 
   /// True when cells travel packed (2 bytes each).
   bool packed() const noexcept { return packed_; }
+
+  /// Opens a post batch (BatchPostTransport): the posts and sends made while
+  /// it is open start together when it closes, each on a request the
+  /// transport keeps for that exact post (MPI: persistent requests, one
+  /// MPI_Startall per wave of distinct peers). Open one around each phase's
+  /// posts. Packed links post none: their buffers are new every call, so no
+  /// request could be kept.
+  link_post_batch<T> batch() {
+    if constexpr (BatchPostTransport<T>)
+      if (!packed_) return link_post_batch<T>(typename link_batch_type<T>::type(std::in_place, t_.batch_posts()));
+    return link_post_batch<T>();
+  }
 
   int rank() const { return static_cast<int>(t_.rank()); }
   int size() const { return static_cast<int>(t_.size()); }
@@ -366,8 +405,10 @@ template <class T, class Add>
 void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> keep,
                        std::span<float> scratch, std::size_t chunk, std::size_t max_chunks, Add& add) {
   const std::size_t kc = link_chunk_size(keep.size(), chunk, max_chunks);
+  auto batch = link.batch();  // the receives and sends start together (one call per chunk pair on MPI)
   auto slots = link_post_chunks(link, peer, tag, scratch.first(keep.size()), kc);
   link_send_chunks(link, peer, tag, give, link_chunk_size(give.size(), chunk, max_chunks));
+  batch.close();
   for (std::size_t c = 0; c < slots.size(); ++c) link.wait_add(slots[c], link_chunk(keep, kc, c), add);
 }
 
@@ -376,8 +417,10 @@ void link_exchange_add(float_link<T>& link, int peer, int tag, std::span<const f
 template <class T>
 void link_exchange_copy(float_link<T>& link, int peer, int tag, std::span<const float> give, std::span<float> take,
                         std::size_t chunk, std::size_t max_chunks) {
+  auto batch = link.batch();
   auto slots = link_post_chunks(link, peer, tag, take, link_chunk_size(take.size(), chunk, max_chunks));
   link_send_chunks(link, peer, tag, give, link_chunk_size(give.size(), chunk, max_chunks));
+  batch.close();
   for (auto& s : slots) link.wait_into(s);
 }
 

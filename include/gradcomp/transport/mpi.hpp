@@ -58,6 +58,9 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/errors.hpp>
+#include <gradcomp/transport/mpi_collective.hpp>
+#include <gradcomp/transport/mpi_probe.hpp>
+#include <gradcomp/transport/mpi_requests.hpp>
 #include <gradcomp/transport/mpi_wait.hpp>
 
 namespace gradcomp::transport {
@@ -106,6 +109,10 @@ struct mpi_transport_options {
   /// (Open MPI's libnbc: 3.7x MPI_Allreduce at 64 MB, bench_mpi_schedules),
   /// and a dead rank inside MPI_Allreduce is MPI's to report.
   bool library_timeout = false;
+  /// Most persistent requests the post batches keep (mpi_transport::batch_posts;
+  /// a step's working set: every schedule post of every bucket). 0: batches
+  /// post plain requests one by one.
+  std::size_t persistent_requests = 16384;
 };
 
 GRADCOMP_ABI_NAMESPACE_BEGIN
@@ -135,8 +142,11 @@ class mpi_transport {
     /// Blocks until the buffer has been handed to MPI (and may be reused).
     void wait() {
       if (!state_) return;
+      state_->start();
       if (state_->timeout.count() == 0) {
-        detail::mpi_check(MPI_Wait(&state_->request, MPI_STATUS_IGNORE), "MPI_Wait (send)");
+        const int code = MPI_Wait(&state_->request, MPI_STATUS_IGNORE);
+        state_->failed = code != MPI_SUCCESS;
+        detail::mpi_check(code, "MPI_Wait (send)");
         state_.reset();
         return;
       }
@@ -152,8 +162,11 @@ class mpi_transport {
     /// True once the send has completed.
     bool test() {
       if (!state_) return true;
+      state_->start();
       int done = 0;
-      detail::mpi_check(MPI_Test(&state_->request, &done, MPI_STATUS_IGNORE), "MPI_Test (send)");
+      const int code = MPI_Test(&state_->request, &done, MPI_STATUS_IGNORE);
+      state_->failed = code != MPI_SUCCESS;
+      detail::mpi_check(code, "MPI_Test (send)");
       if (done) state_.reset();
       return done != 0;
     }
@@ -167,91 +180,36 @@ class mpi_transport {
       int tag = 0;
       clock::time_point started;
       std::chrono::milliseconds timeout;
+      detail::mpi_request_pool* pool = nullptr;  ///< a batched post: its kept persistent request
+      detail::mpi_request_pool::entry* pooled = nullptr;
+      bool failed = false;  ///< ended in an error: its kept request is retired
+      /// A batched send not started yet starts its batch (a wait inside the batch).
+      void start() {
+        if (pooled && pooled->st == detail::mpi_request_pool::entry::state::pending) pool->start_pending();
+        if (pooled && pooled->st == detail::mpi_request_pool::entry::state::idle)
+          throw transport_error("gradcomp mpi: a batched send to rank " + std::to_string(peer) + " was never started");
+      }
+      state() = default;
+      state(const state&) = delete;
+      state& operator=(const state&) = delete;
+      ~state() {  // completed (or never started): its kept request may be posted again
+        if (pooled)
+          pooled->st == detail::mpi_request_pool::entry::state::pending ? pool->withdraw(pooled) : pool->release(pooled, !failed);
+      }
     };
     void finish_quietly() noexcept {
       // A send must not be abandoned while MPI still reads its buffer.
       if (state_) {
-        MPI_Wait(&state_->request, MPI_STATUS_IGNORE);
+        if (!state_->pooled || state_->pooled->st == detail::mpi_request_pool::entry::state::active)
+          MPI_Wait(&state_->request, MPI_STATUS_IGNORE);
         state_.reset();
       }
     }
     std::unique_ptr<state> state_;
   };
 
-  /// Handle of a pending receive of unknown length (matched probe + receive).
-  class recv_handle {
-   public:
-    recv_handle() = default;
-    recv_handle(recv_handle&&) noexcept = default;
-    recv_handle& operator=(recv_handle&&) noexcept = default;
-
-    /// Blocks until the message has arrived and returns it.
-    message wait() {
-      if (!received_ && timeout_.count() == 0) {
-        MPI_Status status;
-        detail::mpi_check(MPI_Probe(source_, tag_, comm_, &status), "MPI_Probe");
-      }
-      detail::poll_backoff backoff;
-      while (!test()) {
-        if (timeout_.count() > 0 && clock::now() - started_ > timeout_)
-          throw timeout_error("gradcomp mpi: rank " + std::to_string(self_) + " waited " +
-                              std::to_string(timeout_.count()) + " ms for a message from " +
-                              (source_ == MPI_ANY_SOURCE ? std::string("any rank") : "rank " + std::to_string(source_)) +
-                              " with tag " + std::to_string(tag_));
-        backoff.pause();
-      }
-      return std::move(*received_);
-    }
-    /// Polls; true once the message is here (wait() then returns at once).
-    bool test() {
-      if (received_) return true;
-      int found = 0;
-      MPI_Status status;
-#if GRADCOMP_MPI_MATCHED_PROBE
-      MPI_Message handle;
-      detail::mpi_check(MPI_Improbe(source_, tag_, comm_, &found, &handle, &status), "MPI_Improbe");
-#else
-      detail::mpi_check(MPI_Iprobe(source_, tag_, comm_, &found, &status), "MPI_Iprobe");
-#endif
-      if (!found) return false;
-      int count = 0;
-      detail::mpi_check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
-      message m;
-      m.source = status.MPI_SOURCE;
-      m.tag = status.MPI_TAG;
-      m.bytes.resize(static_cast<std::size_t>(count));
-#if GRADCOMP_MPI_MATCHED_PROBE
-      detail::mpi_check(MPI_Mrecv(m.bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
-#else
-      // The probed message: same source and tag, and no receive in between
-      // (one thread at a time per transport), so MPI delivers exactly it.
-      detail::mpi_check(MPI_Recv(m.bytes.data(), count, MPI_BYTE, m.source, m.tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-#endif
-      received_ = std::move(m);
-      return true;
-    }
-    /// Waits at most `limit`; empty if nothing arrived.
-    template <class Rep, class Period>
-    std::optional<message> wait_for(std::chrono::duration<Rep, Period> limit) {
-      const auto deadline = clock::now() + limit;
-      detail::poll_backoff backoff;
-      while (!test()) {
-        if (clock::now() >= deadline) return std::nullopt;
-        backoff.pause();
-      }
-      return std::move(*received_);
-    }
-
-   private:
-    friend class mpi_transport;
-    MPI_Comm comm_ = MPI_COMM_NULL;
-    int self_ = 0;
-    int source_ = 0;
-    int tag_ = 0;
-    clock::time_point started_;
-    std::chrono::milliseconds timeout_{0};
-    std::optional<message> received_;
-  };
+  /// Handle of a pending receive of unknown length (matched probe + receive; transport/mpi_probe.hpp).
+  using recv_handle = detail::mpi_probe_recv_handle;
 
   /// Handle of a receive posted with MPI_Irecv into caller-owned memory.
   class recv_into_handle {
@@ -262,6 +220,8 @@ class mpi_transport {
       if (this != &other) {
         cancel_quietly();
         request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
+        pool_ = other.pool_;
+        pooled_ = std::exchange(other.pooled_, nullptr);
         received_ = other.received_;
         capacity_ = other.capacity_;
         self_ = other.self_;
@@ -278,6 +238,7 @@ class mpi_transport {
 
     /// Blocks until the message is in the buffer; returns its length in bytes.
     std::size_t wait() {
+      start();
       if (timeout_.count() == 0 && request_ != MPI_REQUEST_NULL) {
         MPI_Status status{};  // MPI_Wait does not set MPI_ERROR on success: complete() reads it
         const int code = MPI_Wait(&request_, &status);
@@ -298,6 +259,7 @@ class mpi_transport {
     /// Polls; true once the message is in the buffer.
     bool test() {
       if (request_ == MPI_REQUEST_NULL) return true;
+      start();
       int done = 0;
       MPI_Status status{};  // MPI_Test does not set MPI_ERROR on success: complete() reads it
       const int code = MPI_Test(&request_, &done, &status);
@@ -313,8 +275,22 @@ class mpi_transport {
 
    private:
     friend class mpi_transport;
-    void complete(const MPI_Status& status) {
+    /// A batched receive not started yet starts its batch (a wait inside the batch).
+    void start() {
+      if (!pooled_) return;
+      if (pooled_->st == detail::mpi_request_pool::entry::state::pending) pool_->start_pending();
+      if (pooled_->st == detail::mpi_request_pool::entry::state::idle) {
+        finished();
+        throw transport_error("gradcomp mpi: a batched receive from rank " + std::to_string(source_) + " was never started");
+      }
+    }
+    /// No longer posted: a kept request may be posted again (persistent ones keep their MPI handle).
+    void finished(bool ok = true) noexcept {
       request_ = MPI_REQUEST_NULL;
+      if (auto* e = std::exchange(pooled_, nullptr)) pool_->release(e, ok);
+    }
+    void complete(const MPI_Status& status) {
+      finished(status.MPI_ERROR == MPI_SUCCESS);
       if (status.MPI_ERROR == MPI_ERR_TRUNCATE)
         throw transport_error("gradcomp mpi: message from rank " + std::to_string(source_) + " with tag " +
                               std::to_string(tag_) + " is longer than the " + std::to_string(capacity_) +
@@ -325,12 +301,19 @@ class mpi_transport {
     }
     void cancel_quietly() noexcept {
       // The buffer may be freed after this handle: never leave MPI writing to it.
-      if (request_ != MPI_REQUEST_NULL) {
-        MPI_Cancel(&request_);
-        MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      if (request_ == MPI_REQUEST_NULL) return;
+      if (pooled_ && pooled_->st != detail::mpi_request_pool::entry::state::active) {
+        pool_->withdraw(std::exchange(pooled_, nullptr));  // never started: nothing to cancel
+        request_ = MPI_REQUEST_NULL;
+        return;
       }
+      MPI_Cancel(&request_);
+      MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      finished(/*ok=*/false);
     }
     MPI_Request request_ = MPI_REQUEST_NULL;
+    detail::mpi_request_pool* pool_ = nullptr;  ///< a batched post: its kept persistent request
+    detail::mpi_request_pool::entry* pooled_ = nullptr;
     std::size_t received_ = 0;
     std::size_t capacity_ = 0;
     int self_ = 0;
@@ -355,11 +338,13 @@ class mpi_transport {
     int flag = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &flag);
     max_tag_ = (flag && tag_ub) ? *tag_ub : 32767;
+    pool_ = std::make_unique<detail::mpi_request_pool>(options_.persistent_requests);
   }
   mpi_transport(const mpi_transport&) = delete;
   mpi_transport& operator=(const mpi_transport&) = delete;
   mpi_transport(mpi_transport&& other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+        pool_(std::move(other.pool_)),
         rank_(other.rank_),
         size_(other.size_),
         max_tag_(other.max_tag_),
@@ -369,6 +354,7 @@ class mpi_transport {
   ~mpi_transport() {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    pool_.reset();  // its requests before their communicator
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
   }
 
@@ -402,14 +388,7 @@ class mpi_transport {
   recv_handle irecv(int source, int tag) {
     if (source != any_source) check_peer(source, "irecv");
     check_tag(tag);
-    recv_handle h;
-    h.comm_ = comm_;
-    h.self_ = rank_;
-    h.source_ = source == any_source ? MPI_ANY_SOURCE : source;
-    h.tag_ = tag;
-    h.started_ = deadline_start();
-    h.timeout_ = options_.timeout;
-    return h;
+    return recv_handle(comm_, rank_, source == any_source ? MPI_ANY_SOURCE : source, tag, deadline_start(), options_.timeout);
   }
 
   /// Starts sending caller-owned bytes without copying them; `bytes` must stay
@@ -425,6 +404,11 @@ class mpi_transport {
     s.tag = tag;
     s.started = deadline_start();
     s.timeout = options_.timeout;
+    if (pool_ && pool_->batching() && (s.pooled = pool_->defer(kept::send, bytes.data(), bytes.size(), dest, tag, comm_))) {
+      s.pool = pool_.get();
+      s.request = s.pooled->request;
+      return h;
+    }
     detail::mpi_check(MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, comm_, &s.request),
                       "MPI_Isend");
     return h;
@@ -443,10 +427,26 @@ class mpi_transport {
     h.tag_ = tag;
     h.started_ = deadline_start();
     h.timeout_ = options_.timeout;
+    if (pool_ && pool_->batching() && (h.pooled_ = pool_->defer(kept::receive, buffer.data(), buffer.size(), source, tag, comm_))) {
+      h.pool_ = pool_.get();
+      h.request_ = h.pooled_->request;
+      return h;
+    }
     detail::mpi_check(MPI_Irecv(buffer.data(), static_cast<int>(buffer.size()), MPI_BYTE, source, tag, comm_, &h.request_),
                       "MPI_Irecv");
     return h;
   }
+
+  /// Opens a post batch (gradcomp::BatchPostTransport): the isend_view and
+  /// irecv_into calls made while the returned object lives start together,
+  /// when it is closed or destroyed or at the first wait on one of them, each
+  /// on a persistent request kept for that exact post (transport/mpi_requests.hpp;
+  /// options().persistent_requests of them at most, 0: plain posts). Every
+  /// handle then works as usual. Other MPI calls inside a batch (a barrier,
+  /// a probe receive) must not wait for the batch's messages: close it first.
+  [[nodiscard]] detail::mpi_post_batch batch_posts() { return detail::mpi_post_batch(pool_.get()); }
+  /// Persistent requests kept by the post batches (tests, statistics).
+  std::size_t kept_requests() const noexcept { return pool_ ? pool_->size() : 0; }
 
   /// Waits for every send of `handles` (gradcomp::BatchWaitTransport): one
   /// MPI_Waitall where no handle has a deadline, else each one's wait().
@@ -456,13 +456,26 @@ class mpi_transport {
       return;
     }
     std::vector<MPI_Request> requests;
+    std::vector<send_handle*> owners;
     for (auto& h : handles)
-      if (h.state_) requests.push_back(h.state_->request);
+      if (h.state_) {
+        h.state_->start();  // batched posts not started yet: the batch starts now
+        requests.push_back(h.state_->request);
+        owners.push_back(&h);
+      }
     if (requests.empty()) return;
-    const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-    std::size_t i = 0;  // a send MPI still reads stays with its handle (whose destructor waits for it)
-    for (auto& h : handles)
-      if (h.state_ && requests[i++] == MPI_REQUEST_NULL) h.state_.reset();
+    std::vector<MPI_Status> status(requests.size());
+    for (auto& st : status) st.MPI_ERROR = MPI_SUCCESS;  // set by MPI only with MPI_ERR_IN_STATUS
+    const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), status.data());
+    // A send MPI still reads stays with its handle (whose destructor waits for it). Plain requests
+    // are null once done; persistent ones keep their MPI handle, so their statuses tell.
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      owners[i]->state_->request = requests[i];
+      owners[i]->state_->failed = code != MPI_SUCCESS && status[i].MPI_ERROR != MPI_SUCCESS;
+      if (requests[i] == MPI_REQUEST_NULL || code == MPI_SUCCESS ||
+          (code == MPI_ERR_IN_STATUS && status[i].MPI_ERROR != MPI_ERR_PENDING))
+        owners[i]->state_.reset();
+    }
     detail::mpi_check(code, "MPI_Waitall (send)");
   }
   /// Waits for every receive of `handles` (null entries skipped): one
@@ -479,6 +492,7 @@ class mpi_transport {
     std::vector<recv_into_handle*> owners;
     for (auto* h : handles)
       if (pending(h)) {
+        h->start();  // batched posts not started yet: the batch starts now
         requests.push_back(h->request_);
         owners.push_back(h);
       }
@@ -486,10 +500,17 @@ class mpi_transport {
     std::vector<MPI_Status> status(requests.size());
     for (auto& st : status) st.MPI_ERROR = MPI_SUCCESS;  // set by MPI only with MPI_ERR_IN_STATUS
     const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), status.data());
-    for (std::size_t i = 0; i < owners.size(); ++i) owners[i]->request_ = requests[i];  // pending ones are cancelled by their handle
+    // Plain requests are null once done (the rest are cancelled by their handle); persistent ones
+    // keep their MPI handle, so their statuses tell (MPI_ERR_PENDING: not done, still posted).
+    for (std::size_t i = 0; i < owners.size(); ++i) owners[i]->request_ = requests[i];
     if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) detail::mpi_check(code, "MPI_Waitall (receive)");
+    std::vector<bool> done(owners.size());
     for (std::size_t i = 0; i < owners.size(); ++i) {
-      if (requests[i] != MPI_REQUEST_NULL) continue;  // MPI_ERR_PENDING: not done, still posted
+      done[i] = requests[i] == MPI_REQUEST_NULL || code == MPI_SUCCESS || status[i].MPI_ERROR != MPI_ERR_PENDING;
+      if (done[i]) owners[i]->finished(status[i].MPI_ERROR == MPI_SUCCESS);  // all first: an error below leaves none posted
+    }
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      if (!done[i]) continue;
       if (status[i].MPI_ERROR != MPI_SUCCESS && status[i].MPI_ERROR != MPI_ERR_TRUNCATE)
         detail::mpi_check(status[i].MPI_ERROR, "MPI_Waitall (receive)");
       owners[i]->complete(status[i]);  // its length; a truncated message is a transport_error
@@ -534,47 +555,15 @@ class mpi_transport {
                                    std::to_string(max_tag_) + "]");
   }
 
-  // In pieces of at most INT_MAX elements (MPI's int count).
   void library_allreduce(void* data, std::size_t count, std::size_t elem, MPI_Datatype type, MPI_Op op) {
-    auto* base = static_cast<std::byte*>(data);
-    for (std::size_t at = 0; at < count;) {
-      const std::size_t n = std::min<std::size_t>(count - at, static_cast<std::size_t>(INT_MAX));
-      std::byte* piece = base + at * elem;
-      if (options_.timeout.count() == 0 || !options_.library_timeout || mpi_simulated) {
-        // The blocking call: no deadline asked for (or SMPI, where no rank dies and MPI_Iallreduce is unreliable).
-        detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, piece, static_cast<int>(n), type, op, comm_), "MPI_Allreduce");
-      } else {
-        // Send and receive buffers of our own, which MPI may keep using after
-        // a timeout: they are then kept alive in abandoned_.
-        auto bufs = std::make_shared<std::vector<std::byte>>(2 * n * elem);
-        std::memcpy(bufs->data(), piece, n * elem);
-        MPI_Request request = MPI_REQUEST_NULL;
-        detail::mpi_check(MPI_Iallreduce(bufs->data(), bufs->data() + n * elem, static_cast<int>(n), type, op, comm_,
-                                         &request),
-                          "MPI_Iallreduce");
-        const auto started = clock::now();
-        // MPI's non-blocking collectives advance only while polled: yield, never sleep
-        // (a busy core, as inside a blocking MPI_Allreduce).
-        detail::poll_backoff backoff(/*may_sleep=*/false);
-        for (;;) {
-          int done = 0;
-          detail::mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (all-reduce)");
-          if (done) break;
-          if (clock::now() - started > options_.timeout) {
-            abandoned_.push_back(std::move(bufs));
-            throw timeout_error("gradcomp mpi: rank " + std::to_string(rank_) +
-                                ": the library all-reduce did not complete within " +
-                                std::to_string(options_.timeout.count()) + " ms (a rank died or stopped)");
-          }
-          backoff.pause();
-        }
-        std::memcpy(piece, bufs->data() + n * elem, n * elem);
-      }
-      at += n;
-    }
+    const bool deadline = options_.timeout.count() != 0 && options_.library_timeout && !mpi_simulated;
+    detail::mpi_library_allreduce(comm_, rank_, data, count, elem, type, op,
+                                  deadline ? options_.timeout : std::chrono::milliseconds(0), abandoned_);
   }
 
+  using kept = detail::mpi_request_pool::kind;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<detail::mpi_request_pool> pool_;  // before comm_ is freed: requests on it
   int rank_ = 0;
   int size_ = 1;
   int max_tag_ = 32767;
@@ -583,6 +572,7 @@ class mpi_transport {
 };
 
 static_assert(BatchWaitTransport<mpi_transport>);
+static_assert(BatchPostTransport<mpi_transport>);
 
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace gradcomp::transport
