@@ -533,7 +533,10 @@ const char* rules_text =
     "    32768 floats = 128 KiB; the plain ring does not choose: segments = bucket / N)\n"
     "  - SimGrid's default SMPI network model as shipped (bandwidth/latency factors, cross-traffic) for every method\n"
     "  - gradcomp's own small collectives (the bench's barrier and timing reduction) run under the same\n"
-    "    smpi/allreduce setting as the best MPI_Allreduce algorithm's run\n";
+    "    smpi/allreduce setting as the best MPI_Allreduce algorithm's run\n"
+    "  - glibc's fast bins off (GLIBC_TUNABLES=glibc.malloc.mxfast=0): the N simulated ranks share one heap, and the\n"
+    "    first rank to allocate 1 KiB or more after the simulator's own frees otherwise pays for consolidating\n"
+    "    all of them (1-5 ms of CPU charged to one rank, in any method that allocates; a real rank has its own heap)\n";
 
 std::uint64_t checksum(const std::vector<std::span<float>>& buckets) {
   std::uint64_t h = 0;
@@ -682,6 +685,15 @@ int main(int argc, char** argv) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());
     return 2;
   }
+  // Every simulated rank shares this process's heap with the simulator: with glibc's fast bins on, the
+  // first rank to malloc 1 KiB or more after the simulator's frees runs malloc_consolidate over all of
+  // them, and SMPI charges that CPU time to the rank as computation (1-5 ms at 64 ranks, measured: the
+  // rank that starts first after each barrier; docs/performance.md). bench/smpi/run turns them off for
+  // every run (GLIBC_TUNABLES=glibc.malloc.mxfast=0, read by glibc at start-up: smpicxx's own malloc
+  // macros keep mallopt out of reach here); a run without it says so.
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES"); c.rank == 0 && (tunables == nullptr || !std::strstr(tunables, "glibc.malloc.mxfast=0")))
+    std::fprintf(stderr, "bench_smpi_allreduce: warning: GLIBC_TUNABLES=glibc.malloc.mxfast=0 is not set: one rank per step "
+                         "may be charged for the whole simulation's heap consolidation (bench/smpi/run sets it)\n");
   const method& m = *found;
   const auto layout = gradient_buckets(spec, m.compressed_layout);
   gradient_buffer g(layout);
