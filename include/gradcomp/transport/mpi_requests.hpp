@@ -57,8 +57,6 @@ class mpi_request_pool {
 
   /// Requests kept (idle, pending or active).
   std::size_t size() const noexcept { return count_; }
-  /// Requests made since the pool was created (MPI_Recv_init / MPI_Send_init calls).
-  std::size_t created() const noexcept { return created_; }
   /// True inside a post batch.
   bool batching() const noexcept { return depth_ > 0; }
 
@@ -86,7 +84,6 @@ class mpi_request_pool {
       auto& list = map_[post_key{k, buffer, bytes, peer, tag}];  // free_idle may have erased `same`
       e = &list.emplace_back(made);
       ++count_;
-      ++created_;
     }
     e->st = entry::state::pending;
     pending_.push_back(e);
@@ -183,7 +180,6 @@ class mpi_request_pool {
 
   std::size_t capacity_;
   std::size_t count_ = 0;
-  std::size_t created_ = 0;
   int depth_ = 0;
   std::unordered_map<post_key, std::list<entry>, post_hash> map_;
   std::vector<entry*> pending_;
