@@ -185,8 +185,7 @@ class mpi_transport {
       bool failed = false;  ///< ended in an error: its kept request is retired
       /// A batched send not started yet starts its batch (a wait inside the batch).
       void start() {
-        if (pooled && pooled->st == detail::mpi_request_pool::entry::state::pending) pool->start_pending();
-        if (pooled && pooled->st == detail::mpi_request_pool::entry::state::idle)
+        if (pooled && !pool->ensure_started(pooled))
           throw transport_error("gradcomp mpi: a batched send to rank " + std::to_string(peer) + " was never started");
       }
       state() = default;
@@ -277,9 +276,7 @@ class mpi_transport {
     friend class mpi_transport;
     /// A batched receive not started yet starts its batch (a wait inside the batch).
     void start() {
-      if (!pooled_) return;
-      if (pooled_->st == detail::mpi_request_pool::entry::state::pending) pool_->start_pending();
-      if (pooled_->st == detail::mpi_request_pool::entry::state::idle) {
+      if (pooled_ && !pool_->ensure_started(pooled_)) {
         finished();
         throw transport_error("gradcomp mpi: a batched receive from rank " + std::to_string(source_) + " was never started");
       }

@@ -122,6 +122,14 @@ class mpi_request_pool {
     }
   }
 
+  /// A handle is about to wait on or test `e`: a pending one starts its
+  /// batch now (a wait inside the batch). False when `e` was never started
+  /// (MPI_Startall failed for it): there is nothing to wait on.
+  [[nodiscard]] bool ensure_started(entry* e) {
+    if (e->st == entry::state::pending) start_pending();
+    return e->st != entry::state::idle;
+  }
+
   /// `e` completed: it may be started again; `ok` false (it ended in an
   /// error, or was cancelled): it is retired instead, never started again
   /// and never freed (Open MPI 4.1 crashes in MPI_Finalize after
