@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const auto options = gradcomp::bench::parse_mpi_bench_options(argc, argv, {.max_mb = 256, .repeats = 3});
   const int max_mb = options.max_mb, repeats = options.repeats;
   using gradcomp::bench::collective_seconds;
-  gradcomp::transport::mpi_transport transport(MPI_COMM_WORLD);
+  gradcomp::transport::mpi_transport transport(MPI_COMM_WORLD, gradcomp::bench::mpi_transport_options_from(options));
   const int rank = transport.rank(), size = transport.size();
   if (rank == 0)
     std::printf("ring all-reduce over transport::mpi_transport vs MPI_Allreduce, %d ranks, best of %d\n"

@@ -1,6 +1,6 @@
 // The all-reduce schedules of schedules.hpp over mpi_transport against the
 // ring, in the same run, with MPI_Allreduce beside them. Run under mpirun, e.g.
-//   mpirun --oversubscribe -np 4 build/bench/bench_mpi_schedules [--max-mb 64] [--repeats 3]
+//   mpirun --oversubscribe -np 4 build/bench/bench_mpi_schedules [--max-mb 64] [--repeats 3] [--persistent-requests K]
 // Times are the slowest rank's, best of `repeats`. Ends with
 //   RESULT mpi_schedule_<name>_vs_ring_<size>mb <time / ring time> x   (largest size)
 //   RESULT mpi_schedule_choice_regret_<size>mb <cost model's choice / fastest> x
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const auto options = gradcomp::bench::parse_mpi_bench_options(argc, argv, {.max_mb = 64, .repeats = 3});
   const int max_mb = options.max_mb, repeats = options.repeats;
   using gradcomp::bench::collective_seconds;
-  gradcomp::transport::mpi_transport t(MPI_COMM_WORLD);
+  gradcomp::transport::mpi_transport t(MPI_COMM_WORLD, gradcomp::bench::mpi_transport_options_from(options));
   const int rank = t.rank(), size = t.size();
   using gradcomp::schedule_kind;
   std::vector<gradcomp::schedule_options> kinds = {{.kind = schedule_kind::ring},
@@ -36,9 +36,9 @@ int main(int argc, char** argv) {
   for (auto& o : kinds) o.workspace = &workspace;
   const gradcomp::cost_model model = gradcomp::calibrate<gradcomp::bench::policy>(t);
   if (rank == 0)
-    std::printf("all-reduce schedules over mpi_transport, %d ranks, best of %d, load %.2f\n"
+    std::printf("all-reduce schedules over mpi_transport, %d ranks, best of %d, load %.2f, %zu persistent requests kept\n"
                 "calibrated: latency %.1f us, %.3f GB/s, addition %.3f ns per float\n%10s",
-                size, repeats, gradcomp::bench::load_average(), model.inter.latency_s * 1e6,
+                size, repeats, gradcomp::bench::load_average(), t.options().persistent_requests, model.inter.latency_s * 1e6,
                 1e-9 / std::max(1e-30, model.inter.seconds_per_byte), model.add_s * 1e9, "size");
   if (rank == 0) {
     for (const auto& o : kinds) std::printf(" %15s", gradcomp::to_string(o.kind));

@@ -11,21 +11,35 @@
 #include <cstring>
 #include <vector>
 
+#include <gradcomp/transport/mpi.hpp>
+
 namespace gradcomp::bench {
 
-/// `--max-mb M` (largest size; the sizes are 4, 16, 64, ... MB up to M) and `--repeats R`.
+/// `--max-mb M` (largest size; the sizes are 4, 16, 64, ... MB up to M),
+/// `--repeats R` and `--persistent-requests K` (mpi_transport_options::
+/// persistent_requests: 0 posts every message with plain MPI_Isend/MPI_Irecv;
+/// -1, the default, keeps the library's default).
 struct mpi_bench_options {
   int max_mb = 64;
   int repeats = 3;
+  long persistent_requests = -1;
 };
 
-/// Reads --max-mb and --repeats from the command line over the given defaults.
+/// Reads --max-mb, --repeats and --persistent-requests from the command line over the given defaults.
 inline mpi_bench_options parse_mpi_bench_options(int argc, char** argv, mpi_bench_options o) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--max-mb")) o.max_mb = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--repeats")) o.repeats = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--persistent-requests")) o.persistent_requests = std::atol(argv[i + 1]);
   }
   return o;
+}
+
+/// The transport options the command line asks for.
+inline transport::mpi_transport_options mpi_transport_options_from(const mpi_bench_options& o) {
+  transport::mpi_transport_options t;
+  if (o.persistent_requests >= 0) t.persistent_requests = static_cast<std::size_t>(o.persistent_requests);
+  return t;
 }
 
 /// Slowest rank's wall time (MPI_Wtime) of one call of `fn`, best over
