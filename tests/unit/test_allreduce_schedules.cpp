@@ -13,6 +13,7 @@
 
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
+#include <support/schedule_fixtures.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -37,13 +38,6 @@ using vec = std::vector<float>;
 
 const std::size_t lengths[] = {0, 1, 2, 3, 5, 7, 8, 13, 64, 257, 1000, 4099};
 
-// Runs `kind` on n ranks over copies of x; returns each rank's result.
-std::vector<vec> run_schedule(int n, const std::vector<vec>& x, schedule_options o) {
-  std::vector<vec> out = x;
-  run_workers(n, [&](inproc_endpoint& ep) { gradcomp::allreduce(ep, out[std::size_t(ep.rank())], o); },
-              {.recv_timeout = 60s});
-  return out;
-}
 
 }  // namespace
 
@@ -78,7 +72,7 @@ TEST_CASE("schedules: every dense schedule sums, bit-identical on every rank, N 
           const auto x = inputs(n, len, 7 + len);
           schedule_options o{.kind = kind, .chunk_elements = chunk};
           if (kind == schedule_kind::hierarchical) o.group_size = n % 2 == 0 && n > 2 ? 2 : (n % 3 == 0 && n > 3 ? 3 : 0);
-          const auto out = run_schedule(n, x, o);
+          const auto out = run_allreduce(n, x, o);
           const vec truth = exact_sum(x);
           for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
           CHECK(max_rel(out[0], truth) < 1e-5);
@@ -96,7 +90,7 @@ TEST_CASE("schedules: the pipelined ring is the ring bit for bit (sum and mean)"
         run_workers(n, [&](inproc_endpoint& ep) {
           gradcomp::ring_allreduce(ep, ring[std::size_t(ep.rank())], {.average = average});
         });
-        const auto piped = run_schedule(n, x, {.kind = schedule_kind::pipelined_ring, .average = average, .chunk_elements = 17});
+        const auto piped = run_allreduce(n, x, {.kind = schedule_kind::pipelined_ring, .average = average, .chunk_elements = 17});
         for (int r = 0; r < n; ++r) CHECK(bit_equal(piped[std::size_t(r)], ring[0]));
       }
 }
@@ -110,13 +104,13 @@ TEST_CASE("schedules: mean, hierarchical groups of 2, 3 and 4, and a group size 
       if (n % g != 0) continue;
       CAPTURE(n);
       CAPTURE(g);
-      const auto out = run_schedule(n, x, {.kind = schedule_kind::hierarchical, .average = true, .chunk_elements = 64, .group_size = g});
+      const auto out = run_allreduce(n, x, {.kind = schedule_kind::hierarchical, .average = true, .chunk_elements = 64, .group_size = g});
       for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
       CHECK(max_rel(out[0], mean) < 1e-5);
     }
   }
   const auto x = inputs(5, 10, 1);
-  CHECK_THROWS_AS(run_schedule(5, x, {.kind = schedule_kind::hierarchical, .group_size = 2}),
+  CHECK_THROWS_AS(run_allreduce(5, x, {.kind = schedule_kind::hierarchical, .group_size = 2}),
                   gradcomp::invalid_argument_error);
 }
 
@@ -142,9 +136,9 @@ TEST_CASE("schedules: Rabenseifner averages on the owner, and its traffic is 2(p
 
 TEST_CASE("schedules: tags are checked against the registry, the library schedule needs a library transport") {
   const auto x = inputs(2, 10, 1);
-  CHECK_THROWS_AS(run_schedule(2, x, {.kind = schedule_kind::rabenseifner, .tag_base = 32000}),
+  CHECK_THROWS_AS(run_allreduce(2, x, {.kind = schedule_kind::rabenseifner, .tag_base = 32000}),
                   gradcomp::invalid_argument_error);
-  CHECK_THROWS_AS(run_schedule(2, x, {.kind = schedule_kind::library}), gradcomp::invalid_argument_error);
+  CHECK_THROWS_AS(run_allreduce(2, x, {.kind = schedule_kind::library}), gradcomp::invalid_argument_error);
   CHECK(gradcomp::parse_schedule_kind("hierarchical") == schedule_kind::hierarchical);
   CHECK_THROWS_AS(gradcomp::parse_schedule_kind("tree"), gradcomp::invalid_argument_error);
 }
@@ -262,7 +256,7 @@ TEST_CASE("schedules: dense_codec on Rabenseifner equals the dense Rabenseifner;
   for (int n : {3, 4, 6}) {
     CAPTURE(n);
     const auto x = inputs(n, 333 * 8, 9);
-    const auto dense = run_schedule(n, x, {.kind = schedule_kind::rabenseifner, .average = true});
+    const auto dense = run_allreduce(n, x, {.kind = schedule_kind::rabenseifner, .average = true});
     for (bool zero_copy : {false, true}) {
       CAPTURE(zero_copy);
       const auto sized = run(gradcomp::dense_codec<>{}, n, zero_copy, x);

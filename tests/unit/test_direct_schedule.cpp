@@ -9,6 +9,7 @@
 
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
+#include <support/schedule_fixtures.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -23,21 +24,7 @@ using gradcomp::transport::inproc_endpoint;
 using gradcomp::transport::run_workers;
 using namespace gradcomp::test_support;
 
-namespace {
-
 using vec = std::vector<float>;
-
-std::vector<vec> run_direct(int n, const std::vector<vec>& x, schedule_options o, std::vector<gradcomp::ring_stats>* st = nullptr) {
-  std::vector<vec> out = x;
-  if (st) st->assign(std::size_t(n), {});
-  run_workers(n, [&](inproc_endpoint& ep) {
-    const auto s = gradcomp::allreduce(ep, out[std::size_t(ep.rank())], o);
-    if (st) (*st)[std::size_t(ep.rank())] = s;
-  }, {.recv_timeout = 60s});
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("direct schedule: sums, bit-identical on every rank, N = 1..8, all lengths, chunked or not") {
   for (int n = 1; n <= 8; ++n)
@@ -47,7 +34,7 @@ TEST_CASE("direct schedule: sums, bit-identical on every rank, N = 1..8, all len
         CAPTURE(len);
         CAPTURE(chunk);
         const auto x = inputs(n, len, 11 + len);
-        const auto out = run_direct(n, x, {.kind = schedule_kind::direct, .chunk_elements = chunk});
+        const auto out = run_allreduce(n, x, {.kind = schedule_kind::direct, .chunk_elements = chunk});
         const vec truth = exact_sum(x);
         for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
         CHECK(max_rel(out[0], truth) < 1e-5);
@@ -59,8 +46,8 @@ TEST_CASE("direct schedule: the mean, the same bits whatever the chunk, and 2(N-
   const std::size_t len = 1003;
   const auto x = inputs(n, len, 3);
   std::vector<gradcomp::ring_stats> st;
-  const auto a = run_direct(n, x, {.kind = schedule_kind::direct, .average = true, .chunk_elements = 0}, &st);
-  const auto b = run_direct(n, x, {.kind = schedule_kind::direct, .average = true, .chunk_elements = 7});
+  const auto a = run_allreduce(n, x, {.kind = schedule_kind::direct, .average = true, .chunk_elements = 0}, inproc_face::moving, &st);
+  const auto b = run_allreduce(n, x, {.kind = schedule_kind::direct, .average = true, .chunk_elements = 7});
   CHECK(bit_equal(a[0], b[0]));
   vec mean = exact_sum(x);
   for (auto& v : mean) v /= float(n);
@@ -79,7 +66,7 @@ TEST_CASE("direct schedule: one reduce-scatter message per peer, the all-gather 
   {
     const int n = 5;
     std::vector<gradcomp::ring_stats> st;
-    (void)run_direct(n, inputs(n, 1003, 3), {.kind = schedule_kind::direct, .chunk_elements = 7}, &st);
+    (void)run_allreduce(n, inputs(n, 1003, 3), {.kind = schedule_kind::direct, .chunk_elements = 7}, inproc_face::moving, &st);
     for (const auto& s : st) CHECK(s.messages_sent == std::size_t((n - 1) + (n - 1) * 8));
   }
   // A copy longer than the cap goes as several messages; the all-gather's chunks then add
@@ -94,7 +81,7 @@ TEST_CASE("direct schedule: one reduce-scatter message per peer, the all-gather 
           CAPTURE(cap);
           const auto x = inputs(n, len, 7 + len);
           const schedule_options o{.kind = schedule_kind::direct, .chunk_elements = chunk, .max_chunks = 0};
-          const auto whole = run_direct(n, x, o);
+          const auto whole = run_allreduce(n, x, o);
           std::vector<vec> cut = x;
           std::vector<gradcomp::ring_stats> st(static_cast<std::size_t>(n));
           run_workers(n, [&](inproc_endpoint& ep) {
@@ -118,7 +105,7 @@ TEST_CASE("direct and Rabenseifner: a workspace kept across calls gives the same
     for (std::size_t len : {std::size_t(4099), std::size_t(13), std::size_t(20000)}) {
       CAPTURE(len);
       const auto x = inputs(n, len, 5 + len);
-      const auto fresh = run_direct(n, x, {.kind = kind, .chunk_elements = 64});
+      const auto fresh = run_allreduce(n, x, {.kind = kind, .chunk_elements = 64});
       std::vector<vec> kept = x;
       run_workers(n, [&](inproc_endpoint& ep) {
         schedule_options o{.kind = kind, .chunk_elements = 64};

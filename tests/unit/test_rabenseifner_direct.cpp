@@ -7,60 +7,32 @@
 // (opt-in, with the direct schedule).
 #include <doctest/doctest.h>
 
-#include <gradcomp/schedules.hpp>
-#include <gradcomp/transport/inproc.hpp>
-
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
+#include <support/schedule_fixtures.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <string>
 #include <vector>
 
-using namespace std::chrono_literals;
 using gradcomp::schedule_kind;
-using gradcomp::schedule_options;
-using gradcomp::transport::inproc_endpoint;
-using gradcomp::transport::run_workers;
 using namespace gradcomp::test_support;
-
-namespace {
-
 using vec = std::vector<float>;
 
-std::vector<vec> run_kind(int n, const std::vector<vec>& x, schedule_options o, bool zero_copy = false,
-                          std::vector<gradcomp::ring_stats>* st = nullptr) {
-  std::vector<vec> out = x;
-  if (st) st->assign(std::size_t(n), {});
-  run_workers(n, [&](inproc_endpoint& ep) {
-    gradcomp::ring_stats s;
-    if (zero_copy) {
-      auto face = ep.zero_copy();
-      s = gradcomp::allreduce(face, out[std::size_t(ep.rank())], o);
-    } else {
-      s = gradcomp::allreduce(ep, out[std::size_t(ep.rank())], o);
-    }
-    if (st) (*st)[std::size_t(ep.rank())] = s;
-  }, {.recv_timeout = 60s});
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("rabenseifner_direct: Rabenseifner's bits on every rank, N = 1..8, all lengths, both faces, chunked or not") {
   for (int n = 1; n <= 8; ++n)
     for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(5), std::size_t(97), std::size_t(1000)})
       for (std::size_t chunk : {std::size_t(0), std::size_t(7), std::size_t(32768)})
-        for (bool zero_copy : {false, true}) {
+        for (inproc_face face : {inproc_face::moving, inproc_face::zero_copy}) {
           CAPTURE(n);
           CAPTURE(len);
           CAPTURE(chunk);
-          CAPTURE(zero_copy);
+          CAPTURE(int(face));
           const auto x = inputs(n, len, 11);
-          const auto rab = run_kind(n, x, {.kind = schedule_kind::rabenseifner, .chunk_elements = chunk}, zero_copy);
-          const auto out = run_kind(n, x, {.kind = schedule_kind::rabenseifner_direct, .chunk_elements = chunk}, zero_copy);
+          const auto rab = run_allreduce(n, x, {.kind = schedule_kind::rabenseifner, .chunk_elements = chunk}, face);
+          const auto out = run_allreduce(n, x, {.kind = schedule_kind::rabenseifner_direct, .chunk_elements = chunk}, face);
           const auto want = exact_sum(x);
           for (int r = 0; r < n; ++r) {
             CHECK(bit_equal(out[std::size_t(r)], rab[0]));
@@ -75,9 +47,10 @@ TEST_CASE("rabenseifner_direct: the mean, and what a rank sends: Rabenseifner's 
     const std::size_t len = 4096;
     const auto x = inputs(n, len, 5);
     std::vector<gradcomp::ring_stats> rs, ds;
-    const auto rab = run_kind(n, x, {.kind = schedule_kind::rabenseifner, .average = true, .chunk_elements = 0}, false, &rs);
+    const auto rab = run_allreduce(n, x, {.kind = schedule_kind::rabenseifner, .average = true, .chunk_elements = 0}, inproc_face::moving, &rs);
     const auto out =
-        run_kind(n, x, {.kind = schedule_kind::rabenseifner_direct, .average = true, .chunk_elements = 0}, false, &ds);
+        run_allreduce(n, x, {.kind = schedule_kind::rabenseifner_direct, .average = true, .chunk_elements = 0},
+                      inproc_face::moving, &ds);
     for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], rab[0]));
     // The same bytes (2 (p-1)/p of the vector, plus the folds); the all-gather as p - 1
     // messages instead of log2 p.
@@ -95,7 +68,7 @@ TEST_CASE("rabenseifner_direct: the mean, and what a rank sends: Rabenseifner's 
 TEST_CASE("rabenseifner_direct: a rank whose length differs is a transport_error, not a hang") {
   std::vector<vec> x = inputs(4, 100, 3);
   x[2].resize(90);
-  CHECK_THROWS_AS(run_kind(4, x, {.kind = schedule_kind::rabenseifner_direct}), gradcomp::transport_error);
+  CHECK_THROWS_AS(run_allreduce(4, x, {.kind = schedule_kind::rabenseifner_direct}), gradcomp::transport_error);
 }
 
 TEST_CASE("rabenseifner_direct: its name, and no compressed form") {
