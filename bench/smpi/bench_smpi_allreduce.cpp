@@ -414,8 +414,6 @@ const std::vector<method>& methods() {
                                        MPI_Allreduce(MPI_IN_PLACE, x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                                      }));
     m.push_back(dense_method("gc_direct", "direct", [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::direct); }));
-    m.push_back(dense_method("gc_rabenseifner_direct", "rabenseifner_direct",
-                             [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::rabenseifner_direct); }));
     m.push_back(dense_method("gc_hierarchical", "hierarchical",
                              [](context& c, std::span<float> x) { schedule_allreduce(c, x, sk::hierarchical); }));
     // The hand-off to the MPI library (MPI_Allreduce under the best algorithm's setting): not one of

@@ -78,7 +78,6 @@ ring_stats allreduce_with(T& t, std::span<float> data, const schedule_options& o
     case schedule_kind::rabenseifner: return rabenseifner_impl(t, data, o, add);
     case schedule_kind::hierarchical: return hierarchical_impl(t, data, o, add);
     case schedule_kind::direct: return direct_impl(t, data, o, add);
-    case schedule_kind::rabenseifner_direct: return rabenseifner_impl(t, data, o, add, true);
     case schedule_kind::library:
       if constexpr (LibraryAllreduceTransport<T>) {
         if constexpr (std::is_same_v<std::remove_cvref_t<Add>, float_adder<Policy>>) return library_allreduce(t, data, o);

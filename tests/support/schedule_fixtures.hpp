@@ -1,7 +1,7 @@
 #pragma once
 // Running an all-reduce schedule (schedules.hpp) on N in-process ranks, for
 // the schedule tests (tests/unit/test_allreduce_schedules.cpp,
-// test_direct_schedule.cpp, test_rabenseifner_direct.cpp): each rank sums its
+// test_direct_schedule.cpp): each rank sums its
 // copy of its input over the moving face of the in-process transport or its
 // zero-copy face, and the test gets every rank's result and statistics.
 

@@ -387,13 +387,13 @@ TEST_CASE("exchange schedules: float16 and bfloat16 cells travel packed, 2 bytes
   CHECK(order_mattered > 0);
 }
 
-TEST_CASE("auto_collectives: states of versions 1-3 (fewer schedules) still restore, the later schedules unpriced") {
+TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) still restores, direct unpriced") {
   const int n = 2;
   const auto m = small_model();
   gx::auto_collectives_options opt;
   opt.model = plain_model(1e-3, 1e-9, 1e-9);
   opt.calibrate = false;
-  std::vector<std::byte> cur;
+  std::vector<std::byte> v2;
   std::vector<gx::round_schedule> saved;
   run_workers(n, [&](inproc_endpoint& ep) {
     gx::model_exchange ex(ep, gx::plan(m, plan_opts()), {}, gx::auto_collectives<>(opt));
@@ -401,56 +401,46 @@ TEST_CASE("auto_collectives: states of versions 1-3 (fewer schedules) still rest
     std::vector<std::span<float>> sp(g.begin(), g.end());
     ex.step(sp);
     if (ep.rank() == 0) {
-      cur = ex.collectives().save_state();
+      v2 = ex.collectives().save_state();
       saved = ex.collectives().decisions();
     }
   });
   REQUIRE_FALSE(saved.empty());
-  // Version 4 (current): 7 model doubles, 4 counts, entries of 7 predictions.
+  // The same state as version 1 wrote it: no message_s, five predictions per entry.
   const std::size_t head = 8 + 7 * 8 + 4 * 8, entry = 8 + 3 + 8 * gradcomp::schedule_kind_count;
-  REQUIRE(gradcomp::schedule_kind_count == 7);
-  REQUIRE(cur.size() == head + saved.size() * entry);
-  // The same state as an older version wrote it: `doubles` model doubles, `kinds` predictions per entry.
-  auto older = [&](std::uint32_t version, std::size_t doubles, std::size_t kinds) {
-    std::vector<std::byte> b(cur.begin(), cur.begin() + std::ptrdiff_t(8 + doubles * 8));
-    std::memcpy(b.data() + 4, &version, 4);
-    b.insert(b.end(), cur.begin() + std::ptrdiff_t(8 + 7 * 8), cur.begin() + std::ptrdiff_t(head));
-    for (std::size_t i = 0; i < saved.size(); ++i) {
-      const auto* e = cur.data() + head + i * entry;
-      b.insert(b.end(), e, e + 8 + 3 + 8 * kinds);  // the predictions of the schedules that version knew
-    }
-    return b;
-  };
-  const std::size_t direct = std::size_t(schedule_kind::direct), both = std::size_t(schedule_kind::rabenseifner_direct);
-  struct old_version {
-    std::uint32_t version;
-    std::size_t doubles, kinds;
-  };
-  for (const old_version v : {old_version{1, 6, 5}, old_version{2, 6, 6}, old_version{3, 7, 6}}) {
-    CAPTURE(v.version);
-    gx::auto_collectives<> c(opt);
-    c.restore_state(older(v.version, v.doubles, v.kinds));
-    const auto& got = c.decisions();
-    REQUIRE(got.size() == saved.size());
-    for (std::size_t i = 0; i < saved.size(); ++i) {
-      CHECK(got[i].length == saved[i].length);
-      CHECK(got[i].decision.kind == saved[i].decision.kind);
-      for (std::size_t k = 0; k < gradcomp::schedule_kind_count; ++k) {
-        if (k < v.kinds) CHECK(got[i].decision.predicted[k] == saved[i].decision.predicted[k]);
-        else CHECK(std::isinf(got[i].decision.predicted[k]));
-      }
-    }
-    if (v.version == 1) CHECK(std::isinf(got[0].decision.predicted[direct]));
-    CHECK(std::isinf(got[0].decision.predicted[both]));
-    if (v.version < 3) CHECK(c.model().message_s == 0.0);
+  REQUIRE(v2.size() == head + saved.size() * entry);
+  std::vector<std::byte> v1(v2.begin(), v2.begin() + std::ptrdiff_t(8 + 6 * 8));  // magic, version, 6 doubles
+  v1.insert(v1.end(), v2.begin() + std::ptrdiff_t(8 + 7 * 8), v2.begin() + std::ptrdiff_t(head));
+  const std::uint32_t one = 1;
+  std::memcpy(v1.data() + 4, &one, 4);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    const auto* e = v2.data() + head + i * entry;
+    v1.insert(v1.end(), e, e + entry - 8);  // drop the direct schedule's prediction (the last)
   }
-  // Truncated current bytes are refused, and so is an entry naming a schedule its version did not know.
-  std::vector<std::byte> cut(cur.begin(), cur.end() - 1);
+  gx::auto_collectives<> c(opt);
+  c.restore_state(v1);
+  const auto& got = c.decisions();
+  REQUIRE(got.size() == saved.size());
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    CHECK(got[i].length == saved[i].length);
+    CHECK(got[i].decision.kind == saved[i].decision.kind);
+    CHECK(std::isinf(got[i].decision.predicted[std::size_t(schedule_kind::direct)]));
+    CHECK(got[i].decision.predicted[0] == saved[i].decision.predicted[0]);
+  }
+  CHECK(c.model().message_s == 0.0);
+  // Version 2: version 1's head with six predictions per entry.
+  std::vector<std::byte> two(v1.begin(), v1.begin() + std::ptrdiff_t(8 + 6 * 8 + 4 * 8));
+  const std::uint32_t version2 = 2;
+  std::memcpy(two.data() + 4, &version2, 4);
+  two.insert(two.end(), v2.begin() + std::ptrdiff_t(head), v2.end());
+  gx::auto_collectives<> c2(opt);
+  c2.restore_state(two);
+  REQUIRE(c2.decisions().size() == saved.size());
+  CHECK(c2.decisions()[0].decision.predicted == saved[0].decision.predicted);
+  // Truncated current bytes are refused.
+  std::vector<std::byte> cut(v2.begin(), v2.end() - 1);
   gx::auto_collectives<> d(opt);
   CHECK_THROWS_AS(d.restore_state(cut), gradcomp::state_error);
-  auto v3 = older(3, 7, 6);
-  v3[head + 8 + 1] = std::byte{static_cast<unsigned char>(schedule_kind::rabenseifner_direct)};
-  CHECK_THROWS_AS(d.restore_state(v3), gradcomp::state_error);
 }
 
 TEST_CASE("auto_collectives: the model's message_s is saved and restored") {

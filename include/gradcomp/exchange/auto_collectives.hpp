@@ -93,10 +93,10 @@ class auto_collectives {
       const auto* q = static_cast<const std::byte*>(p);
       b.insert(b.end(), q, q + n);
     };
-    // Version 4: seven predictions (rabenseifner_direct). Version 3 (six
-    // predictions), version 2 (six, without the model's message_s) and
-    // version 1 (before the direct schedule: five) are still read.
-    const std::uint32_t magic = 0x43534347u, version = 4;  // "GCSC"
+    // Version 3: the model's message_s after message_overhead_s. Version 2
+    // (without it) and version 1 (before the direct schedule: five
+    // predictions) are still read.
+    const std::uint32_t magic = 0x43534347u, version = 3;  // "GCSC"
     put(&magic, 4);
     put(&version, 4);
     const double md[] = {model_.inter.latency_s, model_.inter.seconds_per_byte, model_.intra.latency_s,
@@ -126,11 +126,10 @@ class auto_collectives {
     std::uint32_t magic = 0, version = 0;
     get(&magic, 4);
     get(&version, 4);
-    if (magic != 0x43534347u || version < 1 || version > 4)
+    if (magic != 0x43534347u || version < 1 || version > 3)
       throw state_error("auto_collectives::restore_state: not a schedule state");
-    // The schedules a version knows (the later ones unpriced, +inf): version 1
-    // predates schedule_kind::direct, versions 2 and 3 rabenseifner_direct.
-    const std::size_t kinds = version == 1 ? 5 : version <= 3 ? 6 : schedule_kind_count;
+    // Version 1 predates schedule_kind::direct: five predictions, direct unpriced (+inf).
+    const std::size_t kinds = version == 1 ? 5 : schedule_kind_count;
     double md[7] = {};
     std::int64_t mi[4];
     get(md, sizeof(double) * (version >= 3 ? 7 : 6));  // before version 3: message_s 0 (not modelled)

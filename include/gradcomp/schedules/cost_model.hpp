@@ -66,8 +66,7 @@ struct cost_model {
   /// Rabenseifner and direct: the most messages per exchange
   /// (schedule_options::max_chunks; 0: no cap): chunks grow to keep to it.
   std::size_t max_chunks = 8;
-  /// Price the direct schedule and rabenseifner_direct's all-gather (N-1
-  /// concurrent flows into each port): only
+  /// Price the direct schedule (N-1 concurrent flows into each port): only
   /// on a non-blocking switch whose ports share their rate fairly among
   /// flows (a flat cluster; off by default: incast and oversubscription
   /// are not in the model).
@@ -133,8 +132,6 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  each chunk's all-gather sent as soon as it is summed: alpha + A/k + max(w, A (k-1)/k)
 ///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
 ///                  the additions, and not the first chunk's; dense only)
-///  rabenseifner_direct  Rabenseifner's fold and halving hops, then one all-gather step: alpha + (p-1)/p m
-///                  on the wire in (p-1) x k messages (dense only; priced with direct, price_direct)
 /// plus, for a codec, (encode_s + decode_s) x elements, and message_s per message a rank sends (a hop's
 /// chunks; direct: (N-1)(1 + k)). gamma = add_s.
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
@@ -166,22 +163,6 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
              detail::cost_hop(m.inter, 4.0 * part, 0.0, m, piped, piped);
       }
       return t;
-    }
-    case schedule_kind::rabenseifner_direct: {
-      // Rabenseifner's fold and halving, then one all-gather step: p - 1 concurrent flows of m/p
-      // into each port (priced only on a non-blocking switch, as direct), the unfold for N != p.
-      if (p.compressed || !m.price_direct) return inf;
-      const int q = detail::cost_pof2(n);
-      double t = codec;
-      if (q != n)
-        t += detail::cost_hop(m.inter, bytes, mfl, m, true, true) + detail::cost_hop(m.inter, bytes, 0, m, true, true);
-      for (int d = q / 2; d >= 1; d /= 2) {
-        const double part = mfl * double(d) / double(q);
-        t += detail::cost_hop(m.inter, 4.0 * part, part, m, true, true);
-      }
-      const double k = detail::cost_chunks(mfl / q, m, true);
-      return t + m.inter.latency_s + 4.0 * mfl * double(q - 1) / double(q) * m.inter.seconds_per_byte +
-             detail::cost_messages(k, m, double(q - 1));
     }
     case schedule_kind::hierarchical: {
       const int g = m.group_size;

@@ -30,16 +30,12 @@ enum class schedule_kind : std::uint8_t {
   hierarchical = 3,    ///< two-level ring: ring inside groups, ring across groups, ring inside groups
   library = 4,         ///< the transport's own library all-reduce (MPI_Allreduce)
   direct = 5,          ///< pairwise exchange: each segment straight to its owner, then straight to every rank (2 steps)
-  /// Rabenseifner's recursive-halving reduce-scatter, then each block straight to every rank
-  /// (a direct all-gather: one latency step instead of log2 p; the form of SMPI's rab1)
-  rabenseifner_direct = 6,
 };
 
 /// The number of schedule kinds.
-inline constexpr std::size_t schedule_kind_count = 7;
+inline constexpr std::size_t schedule_kind_count = 6;
 
-/// A schedule's name ("ring", "pipelined_ring", "rabenseifner", "hierarchical", "library", "direct",
-/// "rabenseifner_direct").
+/// A schedule's name ("ring", "pipelined_ring", "rabenseifner", "hierarchical", "library", "direct").
 inline const char* to_string(schedule_kind k) noexcept {
   switch (k) {
     case schedule_kind::ring: return "ring";
@@ -48,7 +44,6 @@ inline const char* to_string(schedule_kind k) noexcept {
     case schedule_kind::hierarchical: return "hierarchical";
     case schedule_kind::library: return "library";
     case schedule_kind::direct: return "direct";
-    case schedule_kind::rabenseifner_direct: return "rabenseifner_direct";
   }
   return "unknown";
 }
@@ -60,7 +55,7 @@ inline schedule_kind parse_schedule_kind(std::string_view name) {
     if (name == to_string(k)) return k;
   }
   throw invalid_argument_error("schedules: unknown schedule '" + std::string(name) +
-                               "' (ring, pipelined_ring, rabenseifner, hierarchical, library, direct, rabenseifner_direct)");
+                               "' (ring, pipelined_ring, rabenseifner, hierarchical, library, direct)");
 }
 
 /// First of the two tags a schedule uses by default: the first of the

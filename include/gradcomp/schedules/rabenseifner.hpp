@@ -125,13 +125,10 @@ inline void rabenseifner_layout(const rabenseifner_schedule& rs, int v, int k, i
   }
 }
 
-/// Rabenseifner's all-reduce with an explicit addition (see
-/// rabenseifner_allreduce); `direct_allgather`: the all-gather in one step,
-/// every block straight to every rank (rabenseifner_direct_allreduce).
+/// Rabenseifner's all-reduce with an explicit addition (see rabenseifner_allreduce).
 template <class T, class Add>
-ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options& o, Add& add,
-                             bool direct_allgather = false) {
-  const char* who = direct_allgather ? "rabenseifner_direct_allreduce" : "rabenseifner_allreduce";
+ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options& o, Add& add) {
+  constexpr const char* who = "rabenseifner_allreduce";
   const auto started = ring_clock::now();
   ring_stats st;
   schedule_check_tags(o, who);
@@ -207,20 +204,6 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
     };
     auto piece = [&](const rabenseifner_piece& pc) { return data.subspan(pc.begin, pc.size); };
     const bool forwarding = cs != 0;  // chunk_elements 0: one message per step, nothing to forward early
-    // The direct all-gather: block u arrives from virtual rank u as the pieces
-    // of u's last halving step (link_chunks(|u|, cs) chunks of cs floats), each
-    // sent to every rank as soon as it is summed, so the sends of the first
-    // pieces travel while the later ones are added.
-    std::vector<std::vector<slot>> gathered;
-    auto post_gather = [&] {
-      gathered.reserve(std::size_t(p - 1));
-      auto posts = link.batch();  // MPI: one MPI_Startall for the p - 1 peers' pieces
-      for (int i = 1; i < p; ++i) {
-        const int u = (v - i + p) % p;  // the peers in the order their sends are issued (u + i first to v)
-        gathered.push_back(link_post_chunks(link, rs.real_rank(u), tag2, range(u, u + 1), cs));
-      }
-      posts.close();
-    };
     if (steps > 0) post_step(0);
     for (int k = 0; k < steps; ++k) {
       halving_step& h = plan[std::size_t(k)];
@@ -228,40 +211,20 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
       if (k == 0 || !forwarding)
         for (const auto& pc : h.give) link.send(h.partner, tag, std::span<const float>(piece(pc)));
       if (!last) post_step(k + 1);
-      if (last && direct_allgather) {
-        // Every block given away is overwritten by the all-gather: those
-        // sends finish before its receives are posted (the partner has
-        // posted this step's receives already, so this wait needs nothing
-        // of ours that is not sent).
-        link.finish();
-        post_gather();
-      }
       // h.keep begins with the pieces of plan[k + 1].give, the same ones in the same order.
       const std::size_t forward = last || !forwarding ? 0 : plan[std::size_t(k + 1)].give.size();
       for (std::size_t c = 0; c < h.keep.size(); ++c) {
         const std::span<float> acc = piece(h.keep[c]);
         link.wait_add(h.slots[c], acc, add);
         if (c < forward) link.send(plan[std::size_t(k + 1)].partner, tag, std::span<const float>(acc));
-        if (last && direct_allgather) {
-          if (o.average) schedule_average(acc, rs.size());
-          auto sends = link.batch();
-          for (int i = 1; i < p; ++i) link.send(rs.real_rank((v + i) % p), tag2, std::span<const float>(acc));
-          sends.close();
-        }
       }
       h.slots.clear();
     }
-    if (direct_allgather) {
-      link.arrive_all(gathered);  // MPI: one MPI_Waitall
-      for (auto& slots : gathered)
-        for (auto& sl : slots) link.wait_into(sl);
-    } else {
-      // Every block given away is overwritten by the doubling: its sends finish first.
-      link.finish();
-      if (o.average) schedule_average(range(v, v + 1), rs.size());
-    }
+    // Every block given away is overwritten by the doubling: its sends finish first.
+    link.finish();
+    if (o.average) schedule_average(range(v, v + 1), rs.size());
     // Recursive doubling: exchange the ranges held, doubling them.
-    for (int d = 1; d < p && !direct_allgather; d *= 2) {
+    for (int d = 1; d < p; d *= 2) {
       const int width = hi - lo;
       const bool lower = (v & d) == 0;
       const int plo = lower ? hi : lo - width, phi = plo + width;
@@ -306,32 +269,6 @@ ring_stats rabenseifner_allreduce(Policy, T& t, std::span<float> data, const sch
 template <Transport T>
 ring_stats rabenseifner_allreduce(T& t, std::span<float> data, const schedule_options& options = {}) {
   return rabenseifner_allreduce(execution::seq{}, t, data, options);
-}
-
-/// Rabenseifner's reduce-scatter followed by a direct all-gather, in place
-/// (sum, or mean with options.average), for any N: the recursive halving of
-/// rabenseifner_allreduce (folded pairs included), then every virtual rank
-/// sends its finished block straight to every other one, each piece as soon
-/// as the last halving step has summed it (one latency step where recursive
-/// doubling takes log2 p; the form of SMPI's `rab1`, whose all-gather is
-/// SMPI's all-to-all one). Per rank the same 2 (p-1)/p of the vector as
-/// rabenseifner_allreduce, in log2(p) + 1 latency steps, but p - 1
-/// concurrent flows into each port during the all-gather: the schedule for a
-/// non-blocking switch (a flat cluster) with many ranks, where the doubling's
-/// latency steps cost more than the sharing of a port. Bit-identical on every
-/// rank (each element summed on its block's owner only). Tags
-/// options.tag_base (fold, halving) and + 1 (all-gather, unfold). Errors as
-/// rabenseifner_allreduce.
-template <ExecutionPolicy Policy, Transport T>
-ring_stats rabenseifner_direct_allreduce(Policy, T& t, std::span<float> data, const schedule_options& options = {}) {
-  float_adder<Policy> add;
-  return detail::rabenseifner_impl(t, data, options, add, true);
-}
-
-/// rabenseifner_direct_allreduce with the generic (execution::seq) kernels.
-template <Transport T>
-ring_stats rabenseifner_direct_allreduce(T& t, std::span<float> data, const schedule_options& options = {}) {
-  return rabenseifner_direct_allreduce(execution::seq{}, t, data, options);
 }
 
 GRADCOMP_ABI_NAMESPACE_END
