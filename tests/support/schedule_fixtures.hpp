@@ -1,9 +1,10 @@
 #pragma once
 // Running an all-reduce schedule (schedules.hpp) on N in-process ranks, for
 // the schedule tests (tests/unit/test_allreduce_schedules.cpp,
-// test_direct_schedule.cpp): each rank sums its
-// copy of its input over the moving face of the in-process transport or its
-// zero-copy face, and the test gets every rank's result and statistics.
+// test_direct_schedule.cpp; test_schedule_max_chunks.cpp takes the face
+// enum): each rank sums its copy of its input over the moving face of the
+// in-process transport or its zero-copy face, and the test gets every rank's
+// result and statistics.
 
 #include <gradcomp/schedules.hpp>
 #include <gradcomp/transport/inproc.hpp>

@@ -38,7 +38,6 @@ using vec = std::vector<float>;
 
 const std::size_t lengths[] = {0, 1, 2, 3, 5, 7, 8, 13, 64, 257, 1000, 4099};
 
-
 }  // namespace
 
 TEST_CASE("schedules: rabenseifner_schedule folds non-powers of two like MPICH") {

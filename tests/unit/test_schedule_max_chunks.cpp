@@ -14,6 +14,7 @@
 
 #include <support/equality.hpp>
 #include <support/ring_fixtures.hpp>
+#include <support/schedule_fixtures.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -85,7 +86,7 @@ class counting_transport {
 };
 static_assert(gradcomp::ZeroCopyTransport<counting_transport>);
 
-enum class face { moving, zero_copy };
+using face = gradcomp::test_support::inproc_face;
 
 std::vector<vec> run(int n, const std::vector<vec>& x, schedule_options o, face f,
                      gradcomp::summable_element e = gradcomp::summable_element::float32,
