@@ -5,7 +5,6 @@
 #include <gradcomp/dense.hpp>
 #include <gradcomp/execution.hpp>
 
-#include <support/equality.hpp>
 #include <support/error_checks.hpp>
 #include <support/random_vectors.hpp>
 
@@ -74,31 +73,6 @@ TEST_CASE("simd kernels equal seq kernels bit for bit") {
     add_into(simd{}, std::span<float>(acc_simd), std::span<const float>(x));
     CHECK(acc_seq == acc_simd);
   }
-}
-
-TEST_CASE("copy_streaming copies every bit, at every alignment and length, under every policy") {
-  using namespace gradcomp::execution;
-  const auto src = random_floats(4200, 3);
-  std::vector<float> with_specials = src;
-  with_specials[5] = std::numeric_limits<float>::quiet_NaN();
-  with_specials[6] = -std::numeric_limits<float>::infinity();
-  with_specials[7] = -0.0f;
-  with_specials[8] = std::numeric_limits<float>::denorm_min();
-  for (std::size_t offset : {0u, 1u, 2u, 3u, 5u})       // destination 4, 8 and 12 bytes off a 16-byte line
-    for (std::size_t n : {0u, 1u, 3u, 4u, 5u, 17u, 4099u}) {
-      CAPTURE(offset);
-      CAPTURE(n);
-      const std::span<const float> from = std::span<const float>(with_specials).subspan(1, n);  // a source off alignment too
-      std::vector<float> a(n + 8, 7.0f), b(n + 8, 7.0f);
-      copy_streaming(seq{}, std::span<float>(a).subspan(offset, n), from);
-      copy_streaming(simd{}, std::span<float>(b).subspan(offset, n), from);
-      for (std::size_t i = 0; i < n; ++i) {
-        CHECK(gradcomp::test_support::bit_equal(std::span<const float>(&a[offset + i], 1), from.subspan(i, 1)));
-        CHECK(gradcomp::test_support::bit_equal(std::span<const float>(&b[offset + i], 1), from.subspan(i, 1)));
-      }
-      for (std::size_t i = 0; i < a.size(); ++i)  // nothing outside the destination is touched
-        if (i < offset || i >= offset + n) CHECK((a[i] == 7.0f && b[i] == 7.0f));
-    }
 }
 
 TEST_CASE("find_non_finite finds the first NaN or infinity under every policy") {

@@ -263,7 +263,7 @@ void ring_allreduce_zero_copy(T& t, std::span<float> data, const ring_schedule& 
 }
 
 
-/// A message of the wavefront ring: chunk `chunk` of step `step`.
+/// A reduce-scatter message of the wavefront ring: chunk `chunk` of step `step`.
 struct ring_wave_message {
   int step;
   std::size_t chunk;
@@ -283,54 +283,47 @@ std::vector<ring_wave_message> ring_wave_order(int steps, Count count) {
   return out;
 }
 
-/// Floats of the wavefront ring's slots: two ticks of chunk-sized slots, 2(N-1) x min(chunk, largest segment).
-inline std::size_t ring_wave_scratch_floats(const ring_schedule& ring) {
-  return 2 * static_cast<std::size_t>(ring.steps()) * std::min(ring_zero_copy_chunk, ring.size(0));
-}
-
-/// One phase of the wavefront ring (its reduce-scatter or its all-gather)
-/// over the zero-copy face of a ZeroCopyCapableTransport (inproc), whose
-/// sends are consumed by a copy as soon as the receive is posted. Chunk c
-/// of step s travels at tick s + c: step 0 sends segment send_segment(0) of
-/// `data`; every later step forwards the chunk received at step s - 1, out
-/// of the chunk-sized scratch slot it was received in (two ticks of slots:
-/// 2(N-1) of ring_zero_copy_chunk floats), so the successor copies it out
-/// while it is still in cache. Receives are posted one tick ahead, so the
-/// sender usually finds them and copies its chunk straight into them.
-/// take(s, own, in) runs on each received chunk in link order (own: the
-/// chunk of segment recv_segment(s) of `data`; in: the slot holding it),
-/// before the slot's floats are forwarded (for s + 1 < steps).
-/// send_segment(s) must be recv_segment(s - 1) for s >= 1. `scratch`:
-/// ring_wave_scratch_floats(ring) floats for the slots, which must outlive
-/// the call's handles (the caller's: both phases use the same).
-template <class T, class RecvSegment, class SendSegment, class Take>
-void ring_wave_phase(T& t, std::span<float> data, const ring_schedule& ring, int tag, const char* phase,
-                     std::span<float> scratch, RecvSegment recv_segment, SendSegment send_segment, Take take) {
+/// The ring over the zero-copy face of a ZeroCopyCapableTransport (inproc),
+/// whose sends are consumed by a copy as soon as the receive is posted.
+/// The reduce-scatter runs as a wavefront: chunk c of step s travels at tick
+/// s + c, so a chunk received and summed at tick t is forwarded at tick t + 1,
+/// out of the chunk-sized scratch slot it was received in (two ticks of
+/// slots: 2(N-1) of ring_zero_copy_chunk floats), and the successor copies
+/// it out while it is still in cache. A segment that the all-gather
+/// overwrites is then only read (own + received, in the slot), never
+/// written: per hop one read of a segment of `data` instead of a read and a
+/// write. The last step adds into `data` (the owned segment). Receives are
+/// posted one tick ahead, so the sender usually finds them and copies its
+/// chunk straight into them. The all-gather is the zero-copy one. Each
+/// element's additions have the plain ring's operands in the plain ring's
+/// order (IEEE addition commutes): bit for bit the same result.
+template <class Policy, class T>
+void ring_allreduce_wavefront(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
   const int self = ring.rank(), next = ring.next(), prev = ring.prev(), steps = ring.steps();
+  const int tag_rs = options.tag_base;
   constexpr std::size_t chunk = ring_zero_copy_chunk;
   auto chunks = [&](std::size_t len) { return len == 0 ? std::size_t{1} : (len + chunk - 1) / chunk; };
   auto piece = [&](std::span<float> seg, std::size_t c) {
     const std::size_t b = std::min(seg.size(), c * chunk);
     return seg.subspan(b, std::min(chunk, seg.size() - b));
   };
-  using recv_handle = decltype(t.irecv_into(prev, tag, std::span<std::byte>{}));
-  using send_handle = decltype(t.isend_view(next, tag, std::span<const std::byte>{}));
+  using recv_handle = decltype(t.irecv_into(prev, tag_rs, std::span<std::byte>{}));
+  using send_handle = decltype(t.isend_view(next, tag_rs, std::span<const std::byte>{}));
 
-  const auto recvs = ring_wave_order(steps, [&](int s) { return chunks(ring.size(recv_segment(s))); });
-  const auto sendl = ring_wave_order(steps, [&](int s) { return chunks(ring.size(send_segment(s))); });
+  const auto recvs = ring_wave_order(steps, [&](int s) { return chunks(ring.size(ring.reduce_scatter_recv(s))); });
+  const auto sendl = ring_wave_order(steps, [&](int s) { return chunks(ring.size(ring.reduce_scatter_send(s))); });
   auto tick = [](const ring_wave_message& m) { return static_cast<std::size_t>(m.step) + m.chunk; };
   const std::size_t slots = 2 * static_cast<std::size_t>(steps);
   auto slot_of = [&](const ring_wave_message& m) { return (tick(m) % 2) * static_cast<std::size_t>(steps) + static_cast<std::size_t>(m.step); };
   const std::size_t slot_floats = std::min(chunk, ring.size(0));  // segment 0 is a largest one
-  // where[s][c]: the slot holding received (s, c) once it is taken (its forward is send (s + 1, c))
+  // where[s][c]: the slot holding received (s, c) once it is summed (its forward is send (s + 1, c))
   std::vector<std::vector<std::size_t>> where(static_cast<std::size_t>(steps));
-  std::vector<std::vector<bool>> taken(static_cast<std::size_t>(steps));
-  for (int s = 0; s < steps; ++s) {
-    taken[static_cast<std::size_t>(s)].assign(chunks(ring.size(recv_segment(s))), false);
-    where[static_cast<std::size_t>(s)].resize(taken[static_cast<std::size_t>(s)].size());
-  }
+  std::vector<std::vector<bool>> summed(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) summed[static_cast<std::size_t>(s)].assign(chunks(ring.size(ring.reduce_scatter_recv(s))), false);
 
-  auto slot = [&](std::size_t k) { return scratch.subspan(k * slot_floats, slot_floats); };
+  // Declared before the handles: a pending handle may still use them when destroyed.
+  std::vector<float> scratch(slots * slot_floats);
+  auto slot = [&](std::size_t k) { return std::span<float>(scratch).subspan(k * slot_floats, slot_floats); };
   std::vector<send_handle> sends;  // from `data` (step 0)
   std::vector<std::optional<recv_handle>> posted(slots);
   std::vector<std::optional<send_handle>> forwards(slots);  // the pending forward out of each slot
@@ -343,76 +336,52 @@ void ring_wave_phase(T& t, std::span<float> data, const ring_schedule& ring, int
         f->wait();
         f.reset();
       }
-      posted[k].emplace(t.irecv_into(prev, tag, std::as_writable_bytes(slot(k))));
+      posted[k].emplace(t.irecv_into(prev, tag_rs, std::as_writable_bytes(slot(k))));
     }
   };
-  auto send_ready = [&] {  // sends, in link order, every message whose chunk is taken
+  auto send_ready = [&] {  // sends, in link order, every message whose chunk is summed
     for (; next_send < sendl.size(); ++next_send) {
       const auto [s, c] = sendl[next_send];
       if (s == 0) {
-        sends.push_back(t.isend_view(next, tag, std::as_bytes(piece(ring.segment<float>(data, send_segment(0)), c))));
+        const std::span<float> first = piece(ring.segment<float>(data, ring.reduce_scatter_send(0)), c);
+        sends.push_back(t.isend_view(next, tag_rs, std::as_bytes(first)));
         continue;
       }
       const auto u = static_cast<std::size_t>(s - 1);
-      if (!taken[u][c]) break;
+      if (!summed[u][c]) break;
       const std::size_t k = where[u][c];
-      const std::size_t len = piece(ring.segment<float>(data, send_segment(s)), c).size();
-      forwards[k].emplace(t.isend_view(next, tag, std::as_bytes(slot(k).first(len))));
+      const std::size_t len = piece(ring.segment<float>(data, ring.reduce_scatter_send(s)), c).size();
+      forwards[k].emplace(t.isend_view(next, tag_rs, std::as_bytes(slot(k).first(len))));
     }
   };
 
+  for (int s = 0; s < steps; ++s) where[static_cast<std::size_t>(s)].resize(summed[static_cast<std::size_t>(s)].size());
   for (const auto& m : recvs) {
     send_ready();  // first: a slot is reused only once its chunk was forwarded
     post_through(tick(m) + 1);
-    const int s = m.step, k = recv_segment(s);
+    const int s = m.step, k = ring.reduce_scatter_recv(s);
     const std::size_t at = slot_of(m);
     const std::span<float> own = piece(ring.segment<float>(data, k), m.chunk);
     const std::size_t got = posted[at]->wait();
     posted[at].reset();
-    ring_check_length(got, own.size(), self, prev, k, phase, s);
-    take(s, own, slot(at).first(own.size()));
-    where[static_cast<std::size_t>(s)][m.chunk] = at;
-    taken[static_cast<std::size_t>(s)][m.chunk] = true;
+    ring_check_length(got, own.size(), self, prev, k, "reduce-scatter", s);
+    const std::span<float> in = slot(at).first(own.size());
+    if (s + 1 < steps) {
+      add_into(Policy{}, in, std::span<const float>(own));  // the bits of own + in
+      where[static_cast<std::size_t>(s)][m.chunk] = at;
+      summed[static_cast<std::size_t>(s)][m.chunk] = true;
+    } else {
+      add_into(Policy{}, own, std::span<const float>(in));  // the owned segment, complete
+    }
   }
   send_ready();
+  // The all-gather receives into the segment sent first: those sends must be done.
   detail::wait_sends<T>(std::span(sends));
   for (auto& f : forwards)
     if (f) f->wait();
-}
+  sends.clear();
 
-/// The ring over the zero-copy face of a ZeroCopyCapableTransport (inproc),
-/// in two wavefront phases (ring_wave_phase). Reduce-scatter: a chunk
-/// received into its slot gets the own chunk added there (own + in) and is
-/// forwarded from the slot, so a segment that the all-gather overwrites is
-/// only read, never written: per hop one read of a segment of `data`
-/// instead of a read and a write; the last step adds into `data` (the owned
-/// segment). All-gather: each received chunk is copied from its slot into
-/// `data` with streaming stores (copy_streaming: nobody reads those
-/// segments again during the all-reduce, so their lines are written without
-/// being read first) and forwarded from the slot: each of the N-1 segments
-/// written once instead of read and written (64 MB over 4 workers: 48 MB
-/// less memory traffic per worker; docs/performance.md). Each element's
-/// additions have the plain ring's operands in the plain ring's order (IEEE
-/// addition commutes), and the copies are exact: bit for bit the same result.
-template <class Policy, class T>
-void ring_allreduce_wavefront(T& t, std::span<float> data, const ring_schedule& ring, const ring_options& options) {
-  const int steps = ring.steps();
-  std::vector<float> scratch(ring_wave_scratch_floats(ring));  // declared before any handle: outlives them
-  ring_wave_phase(
-      t, data, ring, options.tag_base, "reduce-scatter", std::span<float>(scratch), [&](int s) { return ring.reduce_scatter_recv(s); },
-      [&](int s) { return ring.reduce_scatter_send(s); },
-      [&](int s, std::span<float> own, std::span<float> in) {
-        if (s + 1 < steps)
-          add_into(Policy{}, in, std::span<const float>(own));  // the bits of own + in, forwarded from the slot
-        else
-          add_into(Policy{}, own, std::span<const float>(in));  // the owned segment, complete
-      });
-  const std::span<float> mine = ring.segment<float>(data, ring.owned_segment());
-  if (options.average) ring_average(mine, ring.size());
-  ring_wave_phase(
-      t, data, ring, options.tag_base + 1, "all-gather", std::span<float>(scratch), [&](int s) { return ring.all_gather_recv(s); },
-      [&](int s) { return ring.all_gather_send(s); },
-      [&](int, std::span<float> own, std::span<float> in) { copy_streaming(Policy{}, own, std::span<const float>(in)); });
+  ring_zero_copy_all_gather<Policy>(t, data, ring, options);
 }
 
 GRADCOMP_ABI_NAMESPACE_END

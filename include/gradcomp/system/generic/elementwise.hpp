@@ -5,14 +5,8 @@
 
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
-#include <cstring>
 #include <limits>
 #include <span>
-
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
 
 #include <gradcomp/detail/policy_tags.hpp>
 
@@ -25,36 +19,6 @@ inline void add_into(seq, std::span<float> acc, std::span<const float> x) noexce
   const float* b = x.data();
   const std::size_t n = acc.size();
   for (std::size_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
-/// dst[i] = src[i], with stores that bypass the caches where the CPU has
-/// them (x86: non-temporal stores; elsewhere memcpy). For a destination
-/// nobody reads again soon, such as an all-gather's copy into the caller's
-/// vector: a cached store first reads each destination line (read for
-/// ownership), so a copy moves 3 bytes per byte where this one moves 2. A
-/// destination that is read right after (an addition's operand) wants
-/// memcpy instead. Sizes are checked by the caller; no overlap. The same
-/// bits as memcpy; every policy falls back to this one (a memory hint, not
-/// arithmetic).
-inline void copy_streaming(seq, std::span<float> dst, std::span<const float> src) noexcept {
-  float* d = dst.data();
-  const float* s = src.data();
-  const std::size_t n = dst.size();
-#if defined(__SSE2__)
-  constexpr std::size_t width = 4;  // _mm_stream_ps: 16 bytes to a 16-byte aligned address
-  std::size_t i = 0;
-  while (i < n && (reinterpret_cast<std::uintptr_t>(d + i) % 16) != 0) {
-    d[i] = s[i];
-    ++i;
-  }
-  if (reinterpret_cast<std::uintptr_t>(d + i) % 16 == 0) {  // a float array not 4-byte aligned never gets there
-    for (; i + width <= n; i += width) _mm_stream_ps(d + i, _mm_loadu_ps(s + i));
-    _mm_sfence();  // the streamed lines are visible to other threads before anyone is told the copy is done
-  }
-  for (; i < n; ++i) d[i] = s[i];
-#else
-  if (n > 0) std::memcpy(d, s, n * sizeof(float));
-#endif
 }
 
 /// Index of the first NaN or infinity in x, or x.size() when all are finite.
