@@ -316,9 +316,9 @@ TEST_CASE("ring_allreduce over inproc: multi-chunk segments, bit for bit the mov
   const std::size_t chunk = gradcomp::detail::ring_zero_copy_chunk;
   for (int n : {2, 3, 4, 5}) {
     // Segments of several chunks, segments whose chunk counts differ by one,
-    // a tail chunk of one float, and one chunk per segment.
+    // a tail chunk of one float, one chunk per segment, and empty segments.
     for (std::size_t len : {std::size_t(n) * chunk * 3 + 7, std::size_t(n) * chunk + 3, std::size_t(n) * chunk * 2 + 1,
-                            std::size_t(n) * 100 + 1}) {
+                            std::size_t(n) * 100 + 1, std::size_t(n) - 1}) {
       CAPTURE(n);
       CAPTURE(len);
       std::mt19937 gen(static_cast<unsigned>(n * 31 + int(len % 1000)));
