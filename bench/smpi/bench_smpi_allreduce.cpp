@@ -5,6 +5,7 @@
 //   smpirun -np N -platform P.xml --cfg=smpi/host-speed:<S>f [--cfg=smpi/allreduce:<alg>] \
 //       bench_smpi_allreduce --method <name> --gradient resnet50|floats:<n> [--repeats R] [--label <alg>] [--group G]
 //       [--chunk FLOATS] [--max-chunks K]   (schedule_options::chunk_elements, max_chunks; defaults the library's)
+//       [--allgather-radix R]   (schedule_options::allgather_radix of the dense Rabenseifner; 0 auto, 2 doubling)
 //       [--group-floats F]   (the *_grouped methods: consecutive buckets in groups of at most F floats,
 //                             default 16M = 64 MiB; 0: one group)
 //   smpirun -np 2 -platform P2.xml ... bench_smpi_allreduce --model N:floats,...   (the cost model's fit and picks)
@@ -121,6 +122,7 @@ struct context {
   int group = 0;  // --group: ranks per leaf switch for the hierarchical schedule (0: the platform has no groups)
   std::size_t chunk = 32768;  // --chunk: floats per message of the chunked schedules (default 128 KiB)
   std::size_t max_chunks = gradcomp::schedule_options{}.max_chunks;  // --max-chunks: messages per exchange (0: no cap)
+  int allgather_radix = gradcomp::schedule_options{}.allgather_radix;  // --allgather-radix: dense Rabenseifner's
   gradcomp::schedule_workspace workspace;  // the schedules' receive scratch, kept across calls as the exchange keeps it
   gradcomp::ring_stats stats;  // the dense schedules' statistics, summed over the timed run's buckets
   // --group-floats: the grouped methods' cap on a group's floats (0: one group). Default 16M floats =
@@ -156,6 +158,7 @@ void schedule_allreduce(context& c, std::span<float> x, gradcomp::schedule_kind 
   o.group_size = c.group;
   o.chunk_elements = c.chunk;
   o.max_chunks = c.max_chunks;
+  o.allgather_radix = c.allgather_radix;
   o.workspace = &c.workspace;
   if (kind == gradcomp::schedule_kind::ring) {  // ring_allreduce keeps no statistics
     gradcomp::ring_allreduce(policy{}, c.transport, x);
@@ -645,7 +648,7 @@ int fit_model(mpi_transport& transport, const std::string& grid) {
 
 int main(int argc, char** argv) {
   std::string method_name, spec = "resnet50", label, model_grid;
-  int repeats = 1, group = 0;
+  int repeats = 1, group = 0, allgather_radix = gradcomp::schedule_options{}.allgather_radix;
   std::size_t chunk = 32768, max_chunks = gradcomp::schedule_options{}.max_chunks, group_floats = std::size_t{16} << 20;
   bool do_model = false;
   bool do_calibrate = false, list = false, rules = false;
@@ -659,6 +662,7 @@ int main(int argc, char** argv) {
     else if (a == "--group") group = std::atoi(next().c_str());
     else if (a == "--chunk") chunk = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--max-chunks") max_chunks = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--allgather-radix") allgather_radix = std::atoi(next().c_str());
     else if (a == "--group-floats") group_floats = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--model") do_model = true, model_grid = next();
     else if (a == "--calibrate") do_calibrate = true;
@@ -679,7 +683,7 @@ int main(int argc, char** argv) {
   gradcomp::transport::mpi_environment env(&argc, &argv);
   mpi_transport transport(MPI_COMM_WORLD);
   if (do_model) return fit_model(transport, model_grid);
-  context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, {}, {}, group_floats};
+  context c{transport, transport.rank(), transport.size(), group, chunk, max_chunks, allgather_radix, {}, {}, group_floats};
   const auto found = std::find_if(methods().begin(), methods().end(), [&](const method& m) { return m.name == method_name; });
   if (found == methods().end()) {
     if (c.rank == 0) std::fprintf(stderr, "bench_smpi_allreduce: unknown --method '%s' (--list)\n", method_name.c_str());

@@ -6,7 +6,8 @@
 // library capability (float sum, words, max); a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
 // cells travel packed (2 bytes each) with the same bits; Rabenseifner and
-// direct give the same bits with any max_chunks; a rank waiting for
+// direct give the same bits with any max_chunks, Rabenseifner with any
+// all-gather radix; a rank waiting for
 // a late peer does not spin a core yet honours its deadline; and direct with
 // mismatched lengths is a transport_error on every rank (batched waits).
 #include <doctest/doctest.h>
@@ -120,6 +121,22 @@ TEST_CASE("mpi schedules: Rabenseifner and direct give the same bits with any ca
       allreduce(t, std::span<float>(got), {.kind = kind, .chunk_elements = 256, .max_chunks = w});
       CHECK(bit_equal(got, all));
     }
+  }
+}
+
+TEST_CASE("mpi schedules: Rabenseifner's all-gather in groups gives doubling's bits with every radix") {
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const auto x = inputs(n, 20011, 12);
+  vec doubling = x[std::size_t(r)];
+  allreduce(t, std::span<float>(doubling), {.kind = schedule_kind::rabenseifner, .chunk_elements = 256, .allgather_radix = 2});
+  CHECK(same_on_every_rank(doubling));
+  CHECK(max_rel(doubling, exact_sum(x)) < 1e-5);
+  for (int radix : {0, 4, 8}) {
+    CAPTURE(radix);
+    vec got = x[std::size_t(r)];
+    allreduce(t, std::span<float>(got), {.kind = schedule_kind::rabenseifner, .chunk_elements = 256, .allgather_radix = radix});
+    CHECK(bit_equal(got, doubling));
   }
 }
 

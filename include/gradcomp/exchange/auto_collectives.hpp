@@ -58,6 +58,7 @@ class auto_collectives {
     const schedule_decision& d = decide(t, data.size(), e, tag + 2);
     schedule_options so{.kind = d.kind, .chunk_elements = model_.chunk_elements, .group_size = model_.group_size};
     so.max_chunks = model_.max_chunks;
+    so.allgather_radix = model_.allgather_radix;
     so.workspace = &workspace_;
     detail::schedule_sum<Policy>(t, data, e, tag, c, so);
   }
@@ -144,6 +145,7 @@ class auto_collectives {
     m.group_size = static_cast<int>(mi[0]);
     m.chunk_elements = static_cast<std::size_t>(mi[1]);
     m.max_chunks = model_.max_chunks;  // a setting of this process, not agreed state: changes no bit
+    m.allgather_radix = model_.allgather_radix;  // the same
     std::vector<round_schedule> ds;
     for (std::int64_t i = 0; i < mi[3]; ++i) {
       round_schedule r;

@@ -66,6 +66,10 @@ struct cost_model {
   /// Rabenseifner and direct: the most messages per exchange
   /// (schedule_options::max_chunks; 0: no cap): chunks grow to keep to it.
   std::size_t max_chunks = 8;
+  /// Dense Rabenseifner: the all-gather's radix (schedule_options::allgather_radix;
+  /// 2: doubling, the default; 0: auto, two steps). The compressed form is
+  /// priced with doubling, as it runs.
+  int allgather_radix = 2;
   /// Price the direct schedule (N-1 concurrent flows into each port): only
   /// on a non-blocking switch whose ports share their rate fairly among
   /// flows (a flat cluster; off by default: incast and oversubscription
@@ -85,10 +89,13 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 
 /// The chunks `elems` floats go as: ceil(elems / chunk_elements), at least
 /// one (chunk_elements 0: one); `capped`: at most m.max_chunks (they grow instead).
-inline double cost_chunks(double elems, const cost_model& m, bool capped) {
+inline double cost_chunks(double elems, const cost_model& m, bool capped, std::size_t cap) {
   double k = m.chunk_elements > 0 ? std::max(1.0, std::ceil(elems / double(m.chunk_elements))) : 1.0;
-  if (capped && m.max_chunks > 0) k = std::min(k, double(m.max_chunks));
+  if (capped && cap > 0) k = std::min(k, double(cap));
   return k;
+}
+inline double cost_chunks(double elems, const cost_model& m, bool capped) {
+  return cost_chunks(elems, m, capped, m.max_chunks);
 }
 
 /// The CPU cost of sending `peers` messages of k chunks each: every one of
@@ -122,7 +129,8 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Predicted seconds of `kind` on problem p (+inf where it does not apply):
 ///  ring            2(N-1) hops of s = m/N floats (m = elements x wire_ratio): (N-1)(alpha + 4s beta + s gamma) + (N-1)(alpha + 4s beta)
 ///  pipelined_ring  the same hops in chunks: max(4s beta, s gamma) + min(...)/k + (k-1) overhead (dense only)
-///  rabenseifner    log2 p halving hops of m/2, m/4, ... (added), log2 p doubling hops, and for N != p
+///  rabenseifner    log2 p halving hops of m/2, m/4, ... (added), the all-gather's steps (radix r, stride s:
+///                  alpha + (r-1) s m/p beta, (r-1) x chunks messages; doubling: log2 p hops), and for N != p
 ///                  the fold (alpha + 4m beta + m gamma) and unfold (alpha + 4m beta); dense hops in at most
 ///                  max_chunks chunks
 ///  hierarchical    (g-1) ring hops of m/g inside the group (intra link) and 2(G-1) hops of m/(gG)
@@ -159,8 +167,15 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
         t += detail::cost_hop(m.inter, bytes, mfl, m, piped, piped) + detail::cost_hop(m.inter, bytes, 0, m, piped, piped);
       for (int d = q / 2; d >= 1; d /= 2) {
         const double part = mfl * double(d) / double(q);
-        t += detail::cost_hop(m.inter, 4.0 * part, part, m, piped, piped) +
-             detail::cost_hop(m.inter, 4.0 * part, 0.0, m, piped, piped);
+        t += detail::cost_hop(m.inter, 4.0 * part, part, m, piped, piped);
+      }
+      // The all-gather: at a step of radix r and stride s, r - 1 concurrent copies of s blocks.
+      double stride = 1.0;
+      for (const int r : detail::schedule_allgather_radices(q, p.compressed ? 2 : m.allgather_radix)) {
+        const double per_peer = mfl * stride / double(q), peers = double(r - 1);
+        const double k = piped ? detail::cost_chunks(per_peer, m, true, detail::allgather_step_cap(m.max_chunks, r)) : 1.0;
+        t += m.inter.latency_s + 4.0 * per_peer * peers * m.inter.seconds_per_byte + detail::cost_messages(k, m, peers);
+        stride *= double(r);
       }
       return t;
     }

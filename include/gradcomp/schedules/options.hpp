@@ -145,7 +145,8 @@ struct schedule_options {
   /// Rabenseifner and direct: the most messages a range exchanged with one
   /// peer is cut into; chunks grow beyond chunk_elements to keep to it
   /// (Rabenseifner: its first step's half of the vector, one chunk size for
-  /// every step; in the compressed domain, pieces of whole blocks at every
+  /// every halving step; an all-gather step of radix r > 2 shares the cap
+  /// among its r - 1 peers, at least one message each; in the compressed domain, pieces of whole blocks at every
   /// halving step, the largest power of two within the cap; direct: a
   /// segment). 0: no cap. Every receive of an exchange
   /// is posted at once, so this bounds the concurrent flows a step puts on
@@ -160,6 +161,20 @@ struct schedule_options {
   /// the transfers. 8 was the fastest measured there (88-89 ms; 4: 89, 16:
   /// 94-96, 32: 91; docs/performance.md). Changes no addition: the same bits.
   std::size_t max_chunks = 8;
+  /// Rabenseifner (dense): the group size of the all-gather's steps
+  /// (rabenseifner_schedule::allgather_radices). 2 (the default): recursive
+  /// doubling, log2 p steps of one message per peer; a power of two r:
+  /// log_r p steps, each to r - 1 peers at once; 0 (auto): two steps of
+  /// about sqrt(p) peers each. Fewer steps pay fewer latencies for more
+  /// messages: under SimGrid SMPI at 256 x 25 Gbit/s, where every message of
+  /// 64 KB or more pays 245 us of latency, auto saves six of the eight steps.
+  /// Not the default because the cost model, fitted on two ranks, cannot
+  /// then choose well between this Rabenseifner and the direct schedule at
+  /// 64 ranks (docs/performance.md, "The all-gather's radix"). Every rank
+  /// must pass the same value (the messages differ otherwise: a
+  /// transport_error). Copies only: the same bits with any radix. The
+  /// compressed form (rabenseifner_allreduce_linear) always doubles.
+  int allgather_radix = 2;
   /// Hierarchical: ranks per group (consecutive ranks, e.g. the ranks under
   /// one switch or on one node). Must divide N; 0 or 1 or N: one level (the
   /// pipelined ring).
@@ -178,6 +193,40 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// ring_options of the plain ring from schedule_options.
 inline ring_options schedule_ring_options(const schedule_options& o) {
   return ring_options{.average = o.average, .tag_base = o.tag_base, .tag_owner = o.tag_owner};
+}
+
+/// The group sizes of Rabenseifner's all-gather steps over p = 2^k blocks
+/// for schedule_options::allgather_radix (rabenseifner_schedule::allgather_radices
+/// explains them; the cost model prices the same steps). Throws
+/// invalid_argument_error unless radix is 0 or a power of two >= 2.
+inline std::vector<int> schedule_allgather_radices(int p, int radix) {
+  if (radix != 0 && (radix < 2 || (radix & (radix - 1)) != 0))
+    throw invalid_argument_error("rabenseifner: allgather_radix must be 0 (auto) or a power of two >= 2, got " +
+                                 std::to_string(radix));
+  std::vector<int> out;
+  if (radix == 0) {
+    int k = 0;
+    while ((2 << k) <= p) ++k;
+    const int first = 1 << ((k + 1) / 2), second = 1 << (k / 2);
+    if (first > 1) out.push_back(first);
+    if (second > 1) out.push_back(second);
+    return out;
+  }
+  for (int left = p; left > 1;) {
+    const int r = left < radix ? left : radix;
+    out.push_back(r);
+    left /= r;
+  }
+  return out;
+}
+
+/// The most chunks of one peer's range at an all-gather step of radix r
+/// (schedule_options::max_chunks shared by the step's r - 1 peers, at least
+/// one each; 0: no cap). Radix 2 keeps max_chunks.
+inline std::size_t allgather_step_cap(std::size_t max_chunks, int radix) noexcept {
+  if (max_chunks == 0 || radix <= 2) return max_chunks;
+  const std::size_t peers = static_cast<std::size_t>(radix - 1);
+  return max_chunks > peers ? max_chunks / peers : 1;
 }
 
 /// Throws invalid_argument_error unless the options' two tags are allowed.

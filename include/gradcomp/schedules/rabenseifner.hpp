@@ -1,9 +1,11 @@
 #pragma once
 /// \file schedules/rabenseifner.hpp
 /// Rabenseifner's all-reduce of float vectors: recursive-halving
-/// reduce-scatter, then recursive-doubling all-gather (R. Rabenseifner,
+/// reduce-scatter, then an all-gather by recursive doubling (the default) or
+/// in fewer steps of larger groups (R. Rabenseifner,
 /// "Optimization of collective reduction operations", ICCS 2004; Thakur,
-/// Rabenseifner and Gropp, IJHPCA 19(1) 2005), for any N: with p the largest
+/// Rabenseifner and Gropp, IJHPCA 19(1) 2005; the all-gather's groups are
+/// recursive doubling with a larger radix), for any N: with p the largest
 /// power of two <= N and r = N - p, ranks 0 .. 2r-1 first fold in pairs (the
 /// even rank sends its whole vector to the odd one, which adds it and takes
 /// part; the even one waits), as MPICH does, and receive the result at the end.
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
@@ -72,6 +75,17 @@ class rabenseifner_schedule {
   }
   /// The distance of halving step k (p/2, p/4, ..., 1).
   int halving_distance(int k) const noexcept { return (pof2_ >> 1) >> k; }
+  /// The all-gather's steps: each a group size (radix) r, their product p.
+  /// At the step of radix r with stride s (the product of the steps before
+  /// it), the r virtual ranks that differ only in digit (v / s) mod r form a
+  /// group; each holds the s blocks from v - v mod s on and sends them to the
+  /// other r - 1, so that every one then holds the r x s blocks from
+  /// v - v mod (r s) on. `radix` (schedule_options::allgather_radix): 2 is
+  /// recursive doubling (log2 p steps); a larger power of two r takes steps
+  /// of r while p allows it and the rest in one; 0 (auto) takes two steps,
+  /// the larger radix first: 2^ceil(k/2) then 2^floor(k/2) for p = 2^k
+  /// (p = 256: 16 then 16; p = 4: 2 then 2; fewer when p < 4).
+  std::vector<int> allgather_radices(int radix) const { return detail::schedule_allgather_radices(pof2_, radix); }
 
  private:
   int rank_, size_, pof2_ = 1, rem_ = 0;
@@ -133,6 +147,7 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
   ring_stats st;
   schedule_check_tags(o, who);
   const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
+  const std::vector<int> radices = rs.allgather_radices(o.allgather_radix);  // checked before any message
   if (rs.size() == 1) return st;
   const int tag = o.tag_base, tag2 = o.tag_base + 1;
   const std::size_t chunk = o.chunk_elements, max_chunks = o.max_chunks;
@@ -223,15 +238,43 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
     // Every block given away is overwritten by the doubling: its sends finish first.
     link.finish();
     if (o.average) schedule_average(range(v, v + 1), rs.size());
-    // Recursive doubling: exchange the ranges held, doubling them.
-    for (int d = 1; d < p; d *= 2) {
-      const int width = hi - lo;
-      const bool lower = (v & d) == 0;
-      const int plo = lower ? hi : lo - width, phi = plo + width;
-      link_exchange_copy(link, rs.real_rank(v ^ d), tag2, std::span<const float>(range(lo, hi)), range(plo, phi), chunk,
-                         max_chunks);
-      lo = lower ? lo : plo;
-      hi = lower ? phi : hi;
+    // The all-gather, in the steps of allgather_radices: at each, send the
+    // blocks held to the other members of the group and receive theirs
+    // (each peer's range in at most max_chunks messages). Fewer steps pay
+    // fewer latencies (SimGrid SMPI charges a message of 64 KB or more 11.64
+    // times its route's latency) for more messages per step (r - 1 peers).
+    // The cap on messages holds per step: each of the r - 1 peers' ranges in
+    // at most max(1, max_chunks / (r - 1)) chunks (a copy has no addition to
+    // overlap; what chunks cost is CPU per message, charged under SMPI with
+    // every rank's caches on one core). Copies only: the bits do not depend
+    // on the radix.
+    int stride = 1;
+    for (const int r : radices) {
+      const std::size_t cap = detail::allgather_step_cap(max_chunks, r);
+      // The group: v with its digit (v / stride) mod r replaced by i, i = 0 .. r-1;
+      // member i holds blocks [first + i stride, first + (i + 1) stride).
+      const int first = v - v % (stride * r), mine = (v - first) / stride;
+      const auto member = [&](int i) { return rs.real_rank(first + i * stride + v % stride); };
+      const std::span<const float> held = range(first + mine * stride, first + (mine + 1) * stride);
+      std::vector<std::vector<slot>> from(static_cast<std::size_t>(r));
+      auto batch = link.batch();
+      for (int i = 0; i < r; ++i) {
+        if (i == mine) continue;
+        const std::span<float> theirs = range(first + i * stride, first + (i + 1) * stride);
+        from[std::size_t(i)] = link_post_chunks(link, member(i), tag2, theirs,
+                                                link_chunk_size(theirs.size(), chunk, cap));
+      }
+      // Each member starts with its successor in the group, so no rank gets every first message.
+      for (int j = 1; j < r; ++j) {
+        const int i = (mine + j) % r;
+        link_send_chunks(link, member(i), tag2, held,
+                         link_chunk_size(held.size(), chunk, cap));
+      }
+      batch.close();
+      link.arrive_all(from);
+      for (auto& peer : from)
+        for (auto& s : peer) link.wait_into(s);
+      stride *= r;
     }
   }
   // Unfold: the odd rank of a pair returns the result.
@@ -251,14 +294,18 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Rabenseifner's all-reduce of `data` (sum, or mean with options.average),
 /// in place, for any N (see rabenseifner_schedule). Each element is summed on
 /// exactly one rank, its block's owner, and the finished bits are copied to
-/// every other rank: bit-identical on every rank. Per rank about 2 log2(p)
-/// latency steps and 2 (p-1)/p of the vector sent (plus the whole vector
-/// once for the folded pairs when N is not a power of two). A step's range
-/// goes as chunks of options.chunk_elements floats, grown so that there are
-/// at most options.max_chunks of them, all posted at once; tags options.tag_base (fold and
-/// halving) and + 1 (doubling and unfold). A length below p leaves blocks
-/// empty (empty messages). Errors: a message of the wrong length is a
-/// transport_error naming both ranks; transport errors propagate.
+/// every other rank: bit-identical on every rank. Per rank log2(p) halving
+/// steps, then the all-gather's steps (options.allgather_radix: log2 p by
+/// default, two with 0), and 2 (p-1)/p of the vector sent (plus
+/// the whole vector once for the folded pairs when N is not a power of
+/// two). A range exchanged with one peer goes as chunks of
+/// options.chunk_elements floats, grown so that there are at most
+/// options.max_chunks of them, all posted at once; tags options.tag_base (fold and
+/// halving) and + 1 (all-gather and unfold). A length below p leaves blocks
+/// empty (empty messages). Errors: an allgather_radix that is neither 0 nor
+/// a power of two >= 2 is an invalid_argument_error (before any message); a
+/// message of the wrong length is a transport_error naming both ranks;
+/// transport errors propagate.
 template <ExecutionPolicy Policy, Transport T>
 ring_stats rabenseifner_allreduce(Policy, T& t, std::span<float> data, const schedule_options& options = {}) {
   float_adder<Policy> add;
