@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
-#include <string>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
