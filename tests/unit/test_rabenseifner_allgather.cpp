@@ -107,7 +107,7 @@ TEST_CASE("allgather_radix: packed float16 cells and the mean, the same bits as 
 }
 
 TEST_CASE("allgather_radix: each step sends the blocks held to r - 1 peers, one message each without chunks") {
-  // 16 ranks, 1600 floats: blocks of 100. Halving: 4 messages, 2 x 750 ... floats in all 1500.
+  // 16 ranks, 1600 floats: blocks of 100. Halving: 4 messages (800, 400, 200, 100 floats).
   const int n = 16;
   const std::size_t len = 1600;
   const auto x = inputs(n, len, 21);
