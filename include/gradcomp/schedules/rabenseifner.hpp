@@ -238,8 +238,8 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
     link.finish();
     if (o.average) schedule_average(range(v, v + 1), rs.size());
     // The all-gather, in the steps of allgather_radices: at each, send the
-    // blocks held to the other members of the group and receive theirs
-    // (each peer's range in at most max_chunks messages). Fewer steps pay
+    // blocks held to the other members of the group and receive theirs.
+    // Fewer steps pay
     // fewer latencies (SimGrid SMPI charges a message of 64 KB or more 11.64
     // times its route's latency) for more messages per step (r - 1 peers).
     // The cap on messages holds per step: each of the r - 1 peers' ranges in
