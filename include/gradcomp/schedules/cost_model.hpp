@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -117,9 +118,7 @@ inline double cost_hop(const link_cost& l, double bytes, double adds, const cost
 }
 
 inline int cost_pof2(int n) noexcept {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
+  return n > 1 ? static_cast<int>(std::bit_floor(static_cast<unsigned>(n))) : 1;
 }
 
 GRADCOMP_ABI_NAMESPACE_END

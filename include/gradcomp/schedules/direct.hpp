@@ -114,9 +114,7 @@ ring_stats direct_impl(T& t, std::span<float> data, const schedule_options& o, A
     for (int k = 1; k < n; ++k) link.send((r + k) % n, tag2, std::span<const float>(part));
     sends.close();
   }
-  link.arrive_all(out);
-  for (auto& slots : out)
-    for (auto& s : slots) link.wait_into(s);
+  link.wait_all_into(out);
   link.finish();
   st.seconds = ring_seconds_since(started);
   return st;

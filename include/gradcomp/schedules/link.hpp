@@ -241,6 +241,15 @@ class float_link {
     for (auto& g : groups)
       for (auto& s : g) receive(s);
   }
+  /// wait_into() for every slot of `groups`, after one arrive_all (the
+  /// all-gathers' receives: every copy lands, then each is unpacked or
+  /// copied into its destination).
+  template <class Groups>
+  void wait_all_into(Groups& groups) {
+    arrive_all(groups);
+    for (auto& g : groups)
+      for (auto& s : g) wait_into(s);
+  }
   /// Adds floats [offset, offset + acc.size()) of an arrived slot into `acc`
   /// (acc = acc + received): all of it by default, or one piece of a message
   /// that is added in several (the direct schedule's all-gather chunks).

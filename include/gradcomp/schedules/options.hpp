@@ -6,6 +6,7 @@
 /// Part of <gradcomp/schedules.hpp>.
 
 #include <any>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -205,8 +206,7 @@ inline std::vector<int> schedule_allgather_radices(int p, int radix) {
                                  std::to_string(radix));
   std::vector<int> out;
   if (radix == 0) {
-    int k = 0;
-    while ((2 << k) <= p) ++k;
+    const int k = p > 1 ? static_cast<int>(std::bit_width(static_cast<unsigned>(p))) - 1 : 0;  // floor(log2 p)
     const int first = 1 << ((k + 1) / 2), second = 1 << (k / 2);
     if (first > 1) out.push_back(first);
     if (second > 1) out.push_back(second);

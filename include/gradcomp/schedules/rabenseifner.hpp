@@ -13,6 +13,7 @@
 /// Part of <gradcomp/schedules.hpp>.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -44,7 +45,7 @@ class rabenseifner_schedule {
   rabenseifner_schedule(int rank, int size) : rank_(rank), size_(size) {
     if (size < 1) throw invalid_argument_error("rabenseifner_schedule: size must be >= 1");
     if (rank < 0 || rank >= size) throw invalid_argument_error("rabenseifner_schedule: rank outside [0, size)");
-    while (pof2_ * 2 <= size) pof2_ *= 2;
+    pof2_ = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
     rem_ = size - pof2_;
   }
   int rank() const noexcept { return rank_; }
@@ -68,9 +69,7 @@ class rabenseifner_schedule {
   int real_rank(int v) const noexcept { return v < rem_ ? 2 * v + 1 : v + rem_; }
   /// Halving / doubling steps: log2(p).
   int steps() const noexcept {
-    int s = 0;
-    for (int d = 1; d < pof2_; d *= 2) ++s;
-    return s;
+    return std::countr_zero(static_cast<unsigned>(pof2_));  // log2 of a power of two
   }
   /// The distance of halving step k (p/2, p/4, ..., 1).
   int halving_distance(int k) const noexcept { return (pof2_ >> 1) >> k; }
@@ -270,9 +269,7 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
                          link_chunk_size(held.size(), chunk, cap));
       }
       batch.close();
-      link.arrive_all(from);
-      for (auto& peer : from)
-        for (auto& s : peer) link.wait_into(s);
+      link.wait_all_into(from);
       stride *= r;
     }
   }
