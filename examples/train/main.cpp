@@ -556,7 +556,7 @@ int real_main(int argc, char** argv) {
 #if defined(GRADCOMP_HAS_MPI)
   std::optional<gradcomp::transport::mpi_environment> mpi_env;
   if (launched_by_mpirun()) {
-    mpi_env.emplace(&argc, &argv, MPI_THREAD_SERIALIZED);
+    mpi_env.emplace(&argc, &argv);  // MPI_THREAD_SINGLE: every MPI call is made on this thread (libtorch's threads make none)
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     mpi_mode = world_size > 1;
