@@ -3,7 +3,8 @@
 // non-powers of two, hierarchical, the MPI library's own all-reduce) leaves
 // the same bits on every rank and the sum; GradiVeQ on Rabenseifner (one
 // layer, and two buckets as one codec_group); the
-// library capability (float sum, words, max); a rank that stops
+// library capability (float sum, words, max); max rounds on every schedule;
+// a rank that stops
 // mid-Rabenseifner gives the others a timeout_error; float16 and bfloat16
 // cells travel packed (2 bytes each) with the same bits; Rabenseifner and
 // direct give the same bits with any max_chunks, Rabenseifner with any
@@ -350,6 +351,31 @@ TEST_CASE("mpi schedules: float16 and bfloat16 cells travel as 2 bytes on every 
         CHECK(bit_equal(packed, wide));
         CHECK(2 * w.bytes_sent == st.bytes_sent);
         if (len > 1) CHECK(w.bytes_sent > 0);
+      }
+}
+
+TEST_CASE("mpi schedules: max rounds on every schedule (the library's max for float32), max_round's bits on every rank") {
+  namespace gx = gradcomp::exchange;
+  const int n = world_size(), r = world_rank();
+  transport::mpi_transport t(MPI_COMM_WORLD);
+  const int tag = tags::exchange.first;
+  for (auto e : {summable_element::float32, summable_element::float16, summable_element::bfloat16})
+    for (std::size_t len : {std::size_t(1), std::size_t(1001), std::size_t(70001)})
+      for (schedule_kind kind : {schedule_kind::ring, schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::library, schedule_kind::direct}) {
+        CAPTURE(static_cast<int>(e));
+        CAPTURE(len);
+        const std::string kind_name = to_string(kind);
+        CAPTURE(kind_name);
+        vec on_schedule = inputs(n, len, 57 + len)[std::size_t(r)], reference = on_schedule;
+        schedule_options o{.kind = kind, .chunk_elements = 4096};
+        if (kind == schedule_kind::hierarchical) o.group_size = n % 2 == 0 && n > 2 ? 2 : 0;
+        gx::schedule_collectives<> c(o);
+        gx::wire_counters w, wr;
+        c.max(t, std::span<float>(on_schedule), e, tag, w);
+        gx::ring_collectives<>{}.max(t, std::span<float>(reference), e, tag + 2, wr);  // all-gather, then the max in rank order
+        CHECK(same_on_every_rank(on_schedule));
+        CHECK(bit_equal(on_schedule, reference));
       }
 }
 

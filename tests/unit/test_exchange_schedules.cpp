@@ -12,6 +12,7 @@
 #include <support/equality.hpp>
 #include <support/exchange_fixtures.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -207,6 +208,32 @@ TEST_CASE("exchange on other schedules: the same bits on every rank, close to th
   }
 }
 
+TEST_CASE("step_stats::round_log: every round of a step, with its bucket, size and schedule") {
+  const int n = 3;
+  const auto m = small_model();
+  auto run = [&](auto collectives, const char* sum_schedule) {
+    run_workers(n, [&](inproc_endpoint& ep) {
+      const gx::plan p(m, plan_opts());
+      gx::model_exchange ex(ep, p, {}, collectives);
+      for (std::uint64_t s = 0; s < 3; ++s) {
+        auto g = gradients(m, ep.rank(), s);
+        std::vector<std::span<float>> sp(g.begin(), g.end());
+        const auto& st = ex.step(sp);
+        REQUIRE_FALSE(st.round_log.empty());
+        CHECK(st.round_log.size() == st.rounds);
+        for (const auto& round : st.round_log) {
+          CHECK(round.bucket < p.buckets().size());
+          CHECK(round.size > 0);
+          CHECK(round.schedule == (round.op == gx::round_op::sum ? sum_schedule : "all_gather"));
+        }
+      }
+    });
+  };
+  run(gx::ring_collectives<>{}, "ring");
+  run(gx::schedule_collectives<>({.kind = schedule_kind::direct}), "direct");
+  run(gx::rabenseifner_collectives<>{}, "rabenseifner");
+}
+
 TEST_CASE("exchange with auto_collectives: agreed choices recorded, saved in the checkpoint, resumed bit for bit") {
   const int n = 4;
   const auto m = small_model();
@@ -224,8 +251,21 @@ TEST_CASE("exchange with auto_collectives: agreed choices recorded, saved in the
       for (int s = from; s < to; ++s) {
         auto g = gradients(m, ep.rank(), std::uint64_t(s));
         std::vector<std::span<float>> sp(g.begin(), g.end());
-        ex.step(sp);
+        const auto& st = ex.step(sp);
         if (s + 1 == to) out[r] = g;
+        // The step's statistics name each round's schedule: the agreed choice of its length and cells.
+        CHECK_FALSE(st.round_log.empty());
+        for (const auto& round : st.round_log) {
+          if (round.op == gx::round_op::all_gather) {
+            CHECK(round.schedule == "all_gather");
+            continue;
+          }
+          const auto cells = round.op == gx::round_op::max ? gx::buffer_element::float32 : round.element;
+          const auto& ds = ex.collectives().decisions();
+          const auto d = std::find_if(ds.begin(), ds.end(), [&](const gx::round_schedule& x) { return x.length == round.size && x.element == cells; });
+          REQUIRE(d != ds.end());
+          CHECK(round.schedule == gradcomp::to_string(d->decision.kind));
+        }
       }
       if (save) checkpoint[r] = ex.save_state();
       decisions[r] = ex.collectives().decisions();
@@ -385,6 +425,128 @@ TEST_CASE("exchange schedules: float16 and bfloat16 cells travel packed, 2 bytes
             if (n > 1 && len > 1) CHECK(sent_packed[0] > 0);
           }
   CHECK(order_mattered > 0);
+}
+
+TEST_CASE("exchange schedules: max rounds run on every schedule, with max_round's bits on every rank") {
+  const schedule_kind kinds[] = {schedule_kind::ring,         schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::direct,         schedule_kind::library};
+  const int tag = gradcomp::tags::exchange.first;
+  for (int n = 1; n <= 8; ++n)
+    for (auto e : {gx::buffer_element::float32, gx::buffer_element::float16, gx::buffer_element::bfloat16})
+      for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1001)})
+        for (auto kind : kinds) {
+          CAPTURE(n);
+          CAPTURE(static_cast<int>(e));
+          CAPTURE(len);
+          CAPTURE(std::string(gradcomp::to_string(kind)));
+          // Values over several binades, not rounded to the element (the round does it), no zeros
+          // (the sign of a max of +0 and -0 depends on the order); a NaN from the last rank at cell 3.
+          std::vector<std::vector<float>> x(static_cast<std::size_t>(n), std::vector<float>(len));
+          std::uint64_t seed = 0x13198A2E03707344ull ^ (std::uint64_t(n) << 32) ^ len;
+          for (int r = 0; r < n; ++r)
+            for (std::size_t i = 0; i < len; ++i) {
+              seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+              const float u = float((seed >> 40) & 0xFFFFFF) / float(1 << 24) - 0.5f;
+              x[std::size_t(r)][i] = std::ldexp(u == 0.0f ? 0.25f : u, int(i % 9) - 2);
+            }
+          if (len > 3) x[std::size_t(n - 1)][3] = std::numeric_limits<float>::quiet_NaN();
+          gradcomp::schedule_options so{.kind = kind, .chunk_elements = 50};
+          so.group_size = n == 6 ? 3 : (n % 2 == 0 && n > 2 ? 2 : 0);
+          auto on_schedule = x, reference = x;
+          const std::size_t nn = static_cast<std::size_t>(n);
+          std::vector<std::uint64_t> sent(nn), counted(nn), sent_all_gather(nn);
+          run_workers(n, [&](inproc_endpoint& ep) {
+            const std::size_t r = static_cast<std::size_t>(ep.rank());
+            gx::schedule_collectives<> c(so);
+            gx::wire_counters w;
+            std::uint64_t b = ep.bytes_sent();
+            c.max(ep, std::span<float>(on_schedule[r]), e, tag, w);
+            sent[r] = ep.bytes_sent() - b;
+            counted[r] = w.bytes_sent;
+            // The ring collectives' max: an all-gather of the (packed) cells, then the max in rank order.
+            gx::ring_collectives<> ring;
+            gx::wire_counters wr;
+            b = ep.bytes_sent();
+            ring.max(ep, std::span<float>(reference[r]), e, tag + 2, wr);
+            sent_all_gather[r] = ep.bytes_sent() - b;
+          });
+          for (std::size_t r = 0; r < nn; ++r) {
+            CHECK(bit_equal(on_schedule[r], on_schedule[0]));
+            CHECK(counted[r] == sent[r]);
+          }
+          for (std::size_t i = 0; i < len; ++i) {
+            if (i == 3 && len > 3) {
+              CHECK(std::isnan(on_schedule[0][i]));
+              continue;
+            }
+            CHECK(std::bit_cast<std::uint32_t>(on_schedule[0][i]) == std::bit_cast<std::uint32_t>(reference[0][i]));
+          }
+          // Eight ranks: every schedule moves 2 (N-1)/N of the buffer in 4-byte cells, the all-gather
+          // N-1 times it in the element's cells (2 bytes for the 16-bit ones).
+          if (n == 8 && len == 1001) {
+            const std::uint64_t cells = 2 * 7 * 1001 / 8;
+            CHECK(sent[0] >= 4 * cells);
+            CHECK(sent_all_gather[0] == 7 * 1001 * gx::element_bytes(e));
+            CHECK((e == gx::buffer_element::float32 ? 2 : 1) * sent[0] < sent_all_gather[0]);
+          }
+        }
+}
+
+TEST_CASE("exchange schedules: a max round of int32_words is an invalid_argument_error on every schedule, before any message") {
+  for (auto kind : {schedule_kind::ring, schedule_kind::rabenseifner, schedule_kind::direct, schedule_kind::library})
+    run_workers(3, [&](inproc_endpoint& ep) {
+      gx::schedule_collectives<> c({.kind = kind});
+      std::vector<float> v(10, 1.0f);
+      gx::wire_counters w;
+      CHECK_THROWS_AS(c.max(ep, std::span<float>(v), gx::buffer_element::int32_words, gradcomp::tags::exchange.first, w),
+                      gradcomp::invalid_argument_error);
+      CHECK(ep.bytes_sent() == 0);
+    });
+}
+
+TEST_CASE("auto_collectives: a max round takes the agreed schedule of its length, recorded like a sum's") {
+  const int n = 4;
+  std::vector<std::vector<float>> x(n, std::vector<float>(4096));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < x[0].size(); ++i) x[std::size_t(r)][i] = float((i * 31 + std::size_t(r) * 7) % 101) + 1.0f;
+  std::vector<std::vector<gx::round_schedule>> seen(n);
+  run_workers(n, [&](inproc_endpoint& ep) {
+    gx::auto_collectives_options o;
+    o.calibrate = false;
+    o.forced = schedule_kind::rabenseifner;
+    gx::auto_collectives<> c(o);
+    gx::wire_counters w;
+    c.max(ep, std::span<float>(x[std::size_t(ep.rank())]), gx::buffer_element::float16, gradcomp::tags::exchange.first, w);
+    seen[std::size_t(ep.rank())] = c.decisions();
+    CHECK(c.last_schedule() == schedule_kind::rabenseifner);
+    // Rabenseifner's 2 (N-1)/N of 4096 four-byte cells, not the all-gather's (N-1) x 4096 two-byte ones.
+    CHECK(w.bytes_sent == 2 * 3 * 1024 * 4);
+  });
+  for (std::size_t i = 0; i < x[0].size(); ++i) {
+    float want = 0;
+    for (int r = 0; r < n; ++r) want = std::max(want, x[std::size_t(r)][i]);
+    for (int r = 0; r < n; ++r) CHECK(x[std::size_t(r)][i] == want);  // small integers: exact in float16
+  }
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(seen[std::size_t(r)].size() == 1);
+    CHECK(seen[std::size_t(r)][0].length == 4096);
+    CHECK(seen[std::size_t(r)][0].element == gx::buffer_element::float32);  // the cells the schedule moves
+    CHECK(seen[std::size_t(r)][0].decision.forced);
+  }
+}
+
+TEST_CASE("cost model: 16-bit cells put half the bytes on the wire") {
+  cost_model m = plain_model(10e-6, 1e-9, 0.0);
+  cost_problem p32;
+  p32.elements = 1 << 20;
+  p32.ranks = 4;
+  cost_problem p16 = p32;
+  p16.cell_bytes = 2.0;
+  for (auto kind : {schedule_kind::ring, schedule_kind::rabenseifner}) {
+    const double latency = kind == schedule_kind::ring ? 6 * 10e-6 : 4 * 10e-6;
+    const double t32 = gradcomp::predict_seconds(m, kind, p32), t16 = gradcomp::predict_seconds(m, kind, p16);
+    CHECK(t16 - latency == doctest::Approx((t32 - latency) / 2).epsilon(1e-9));
+  }
 }
 
 TEST_CASE("auto_collectives: a version-1 state (before schedule_kind::direct) still restores, direct unpriced") {

@@ -55,12 +55,7 @@ class auto_collectives {
 
   template <Transport T>
   void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
-    const schedule_decision& d = decide(t, data.size(), e, tag + 2);
-    schedule_options so{.kind = d.kind, .chunk_elements = model_.chunk_elements, .group_size = model_.group_size};
-    so.max_chunks = model_.max_chunks;
-    so.allgather_radix = model_.allgather_radix;
-    so.workspace = &workspace_;
-    detail::schedule_sum<Policy>(t, data, e, tag, c, so);
+    detail::schedule_sum<Policy>(t, data, e, tag, c, options_for(t, data.size(), e, tag));
   }
   template <Transport T>
   void sum(T& t, std::span<float> data, int tag, wire_counters& c) {
@@ -68,7 +63,8 @@ class auto_collectives {
   }
   template <Transport T>
   void max(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
-    detail::schedule_max(t, data, e, tag, c, o_.forced.value_or(schedule_kind::ring));
+    // The same messages as a sum of the same length (float32 cells): the same choice.
+    detail::schedule_max<Policy>(t, data, e, tag, c, options_for(t, data.size(), buffer_element::float32, tag));
   }
   template <Transport T>
   void max(T& t, std::span<float> data, int tag, wire_counters& c) {
@@ -76,6 +72,7 @@ class auto_collectives {
   }
   template <Transport T>
   std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {
+    c.schedule = "all_gather";
     return all_gather_round(t, std::move(mine), tag, c);
   }
 
@@ -170,6 +167,17 @@ class auto_collectives {
   }
 
  private:
+  /// The schedule options of a round of `length` cells of `e` (tags `tag`,
+  /// `tag` + 1; the agreement on `tag` + 2).
+  template <Transport T>
+  schedule_options options_for(T& t, std::size_t length, buffer_element e, int tag) {
+    const schedule_decision& d = decide(t, length, e, tag + 2);
+    schedule_options so{.kind = d.kind, .chunk_elements = model_.chunk_elements, .group_size = model_.group_size};
+    so.max_chunks = model_.max_chunks;
+    so.allgather_radix = model_.allgather_radix;
+    so.workspace = &workspace_;
+    return so;
+  }
   template <Transport T>
   const schedule_decision& decide(T& t, std::size_t length, buffer_element e, int tag) {
     for (const auto& r : decisions_)
@@ -184,6 +192,9 @@ class auto_collectives {
     cost_problem p;
     p.elements = length;
     p.ranks = static_cast<int>(t.size());
+    // 16-bit cells put half the bytes of float32 on the wire (additions priced at add_s all the same).
+    // The codec's encode and decode run outside the round, the same for every schedule: no part of the choice.
+    p.cell_bytes = double(element_bytes(e));
     decisions_.push_back(round_schedule{length, e, agree_schedule(t, model_, p, o_.forced, tag)});
     last_ = decisions_.back().decision.kind;
     return decisions_.back().decision;

@@ -35,6 +35,11 @@ struct wire_counters {
   std::size_t messages_sent = 0;
   double wire_seconds = 0.0;  ///< time inside collectives (moving data, the ring's additions, waiting)
   double wait_seconds = 0.0;  ///< of which blocked on the transport (receives, and sends not yet handed off)
+  /// The schedule of the last round, as its collectives name it ("ring",
+  /// "rabenseifner", ... as gradcomp::to_string(schedule_kind); "all_gather"
+  /// for an all-gather or an all-gather-then-max); nullptr: not reported.
+  /// model_exchange records it per round (step_stats::rounds).
+  const char* schedule = nullptr;
 };
 
 /// A Transport decorator adding the time its callers spend blocked in the
@@ -195,7 +200,9 @@ void max_round(T& t, std::span<float> data, buffer_element e, int tag, wire_coun
 /// other schedules: Rabenseifner, hierarchical rings, the MPI library's own
 /// all-reduce). `sum` and `max` reduce a summable buffer of the given element
 /// type (payloads/summable.hpp; max for the float types only). Every rank
-/// must end with the same bits.
+/// must end with the same bits. model_exchange passes its tag_base to sum
+/// and max (which may use tag and tag + 1) and tag_base + 2 to all_gather;
+/// rounds run one after the other, never overlapping.
 template <class R, class T>
 concept RoundCollectives = requires(R& r, T& t, std::span<float> buf, buffer_element e, std::vector<std::byte> bytes,
                                     int tag, wire_counters& c) {
@@ -210,13 +217,16 @@ struct ring_collectives {
   template <Transport T>
   void sum(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
     sum_round<Policy>(t, data, e, tag, c);
+    c.schedule = "ring";
   }
   template <Transport T>
   void max(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
     max_round(t, data, e, tag, c);
+    c.schedule = "all_gather";
   }
   template <Transport T>
   std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {
+    c.schedule = "all_gather";
     return all_gather_round(t, std::move(mine), tag, c);
   }
 };

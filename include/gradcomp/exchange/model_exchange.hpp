@@ -27,13 +27,28 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Options of model_exchange.
 struct exchange_options {
   failure_policy on_failure = failure_policy::skip;
-  /// Tags tag_base, tag_base + 1 (sum rounds) and tag_base + 2 (all-gather and max rounds).
+  /// Tags tag_base, tag_base + 1 (sum and max rounds) and tag_base + 2 (all-gather rounds, agreements).
   int tag_base = tags::exchange.first;
 };
 
 /// Statistics of one step: the bucket layer's report plus the wire.
+/// One round of a step, as its collectives ran it.
+struct round_record {
+  std::size_t bucket = 0;  ///< the plan's bucket the round belongs to
+  round_op op = round_op::sum;
+  buffer_element element = buffer_element::float32;  ///< sum and max rounds
+  std::size_t size = 0;  ///< sum and max: the buffer's cells; all_gather: this rank's payload bytes
+  /// The schedule the collectives report (wire_counters::schedule: "ring",
+  /// "rabenseifner", "direct", "library", "all_gather", ...); "" where they report none.
+  std::string schedule;
+};
+
 struct step_stats : step_report {
   wire_counters wire;
+  /// Every round of the step in order (step_report::rounds of them), with
+  /// the schedule it ran on (a step of auto_collectives shows the agreed
+  /// choices here).
+  std::vector<round_record> round_log;
   /// Bytes this rank contributed per phase name (a phase's buckets summed).
   std::vector<std::pair<std::string, std::size_t>> phase_bytes;
 };
@@ -62,18 +77,25 @@ class model_exchange {
   const step_stats& step(std::span<const std::span<float>> gradients, bool request_skip = false) {
     std::vector<std::span<const float>> in(gradients.begin(), gradients.end());
     wire_counters wc;
+    std::vector<round_record> log;
     layer_.begin_step(in, request_skip);
     while (pending_round* r = layer_.next_round()) {
+      round_record rec{r->bucket, r->spec.op, r->spec.element, r->spec.op == round_op::all_gather ? r->payload.size() : r->buffer.size(), {}};
+      wc.schedule = nullptr;
       switch (r->spec.op) {
         case round_op::sum: coll_.sum(*t_, r->buffer, r->spec.element, opt_.tag_base, wc); layer_.complete_round(); break;
-        case round_op::max: coll_.max(*t_, r->buffer, r->spec.element, opt_.tag_base + 2, wc); layer_.complete_round(); break;
+        case round_op::max: coll_.max(*t_, r->buffer, r->spec.element, opt_.tag_base, wc); layer_.complete_round(); break;
         case round_op::all_gather:
           layer_.complete_round(coll_.all_gather(*t_, std::move(r->payload), opt_.tag_base + 2, wc));
           break;
       }
+      if (wc.schedule != nullptr) rec.schedule = wc.schedule;
+      log.push_back(std::move(rec));
     }
     static_cast<step_report&>(stats_) = layer_.finish_step(gradients);
+    wc.schedule = nullptr;
     stats_.wire = wc;
+    stats_.round_log = std::move(log);
     stats_.phase_bytes.clear();
     for (std::size_t b = 0; b < stats_.bucket_phase.size() && b < stats_.bucket_bytes.size(); ++b) {
       auto it = std::find_if(stats_.phase_bytes.begin(), stats_.phase_bytes.end(),

@@ -5,8 +5,11 @@
 /// ring, the pipelined ring or the MPI library's own all-reduce
 /// (schedule_collectives and its named forms), or on the schedule the cost
 /// model picks per buffer length, agreed by rank 0 and saved with the
-/// exchange's checkpoint (auto_collectives). Max rounds are the ring's
-/// all-gather-then-max (or the library's max); all-gathers the ring's.
+/// exchange's checkpoint (auto_collectives). Max rounds run on the same
+/// schedules with the element-wise max in place of the addition
+/// (max_combiner: float32 cells; a 16-bit buffer is rounded to its element
+/// first, so the result is the max of the rounded cells, as max_round's),
+/// or on the library's max; all-gathers are the ring's.
 ///
 /// The element type of a summable buffer goes through one function,
 /// element_adder: float32 with the policy's add_into; int32_words with
@@ -75,6 +78,17 @@ struct element_adder {
   }
 };
 
+/// The element-wise max as a schedule's combine step (the max rounds): NaN
+/// wins whatever the order (summable::max_into), and every element is
+/// combined on one rank and copied to the others, so every rank ends with
+/// the same bits on every schedule. No `element` member: the cells travel
+/// as float32.
+struct max_combiner {
+  void operator()(std::span<float> acc, std::span<const float> in) const {
+    summable::max_into(summable_element::float32, acc, in);
+  }
+};
+
 namespace detail {
 
 /// Runs the sum of `buf` on schedule o.kind (tags from the round) and adds what it did to `c`.
@@ -102,7 +116,7 @@ void schedule_sum(T& t, std::span<float> buf, buffer_element e, int tag, wire_co
       }
     }
     // The library cannot reduce this element (16-bit floats) or the transport has no library: Rabenseifner.
-    o.kind = schedule_kind::rabenseifner;
+    if (!done) o.kind = schedule_kind::rabenseifner;
   }
   if (!done) {
     if (o.kind == schedule_kind::ring && e == buffer_element::float32) {
@@ -118,22 +132,42 @@ void schedule_sum(T& t, std::span<float> buf, buffer_element e, int tag, wire_co
   c.bytes_sent += st.bytes_sent;
   c.messages_sent += st.messages_sent;
   c.wire_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.schedule = to_string(o.kind);
 }
 
-/// The max round: the library's max for float32 on the library schedule, else max_round.
-template <Transport T>
-void schedule_max(T& t, std::span<float> buf, buffer_element e, int tag, wire_counters& c, schedule_kind kind) {
+/// The max round of `buf` on schedule o.kind (tags `tag` and `tag` + 1, as
+/// a sum round's): the library's max for float32 on the library schedule
+/// (Rabenseifner where the library cannot reduce the element or the
+/// transport has none), else the schedule with max_combiner. float16 and
+/// bfloat16 cells are rounded to their element first and travel as float32
+/// (the max of rounded values is a rounded value: no rounding on the way).
+template <class Policy, Transport T>
+void schedule_max(T& t, std::span<float> buf, buffer_element e, int tag, wire_counters& c, schedule_options o) {
   if (e == buffer_element::int32_words)
     throw invalid_argument_error("exchange schedules: a max round of int32_words has no meaning");
-  if constexpr (LibraryMaxTransport<T>) {
-    if (kind == schedule_kind::library && e == buffer_element::float32) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (t.size() > 1) t.library_allreduce_max(buf);
-      c.wire_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.kind == schedule_kind::library) {
+    if constexpr (LibraryMaxTransport<T>) {
+      if (e == buffer_element::float32) {
+        if (t.size() > 1) t.library_allreduce_max(buf);
+        c.wire_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        c.schedule = to_string(schedule_kind::library);
+        return;
+      }
     }
+    o.kind = schedule_kind::rabenseifner;
   }
-  max_round(t, buf, e, tag, c);
+  if (e != buffer_element::float32) summable::round_cells(e, buf);
+  o.tag_base = tag;
+  o.tag_owner = tags::exchange;
+  o.average = false;
+  max_combiner combine;
+  const ring_stats st = gradcomp::detail::allreduce_with<Policy>(t, buf, o, combine);
+  c.wait_seconds += st.wait_seconds;
+  c.bytes_sent += st.bytes_sent;
+  c.messages_sent += st.messages_sent;
+  c.wire_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.schedule = to_string(o.kind);
 }
 
 }  // namespace detail
@@ -158,7 +192,9 @@ class schedule_collectives {
   }
   template <Transport T>
   void max(T& t, std::span<float> data, buffer_element e, int tag, wire_counters& c) {
-    detail::schedule_max(t, data, e, tag, c, o_.kind);
+    schedule_options o = o_;
+    o.workspace = &workspace_;
+    detail::schedule_max<Policy>(t, data, e, tag, c, o);
   }
   template <Transport T>
   void max(T& t, std::span<float> data, int tag, wire_counters& c) {
@@ -166,6 +202,7 @@ class schedule_collectives {
   }
   template <Transport T>
   std::vector<std::vector<std::byte>> all_gather(T& t, std::vector<std::byte> mine, int tag, wire_counters& c) {
+    c.schedule = "all_gather";
     return all_gather_round(t, std::move(mine), tag, c);
   }
 

@@ -40,7 +40,8 @@ struct link_cost {
 struct cost_problem {
   std::size_t elements = 0;       ///< floats of the vector (uncompressed)
   int ranks = 1;                  ///< N
-  double wire_ratio = 1.0;        ///< bytes on the wire per byte of floats (1 dense; a codec's compressed / dense)
+  double wire_ratio = 1.0;        ///< cells on the wire per element (1 dense; a codec's compressed bytes / dense bytes)
+  double cell_bytes = 4.0;        ///< bytes of one cell on the wire (4: float32; 2: float16, bfloat16 packed)
   double encode_s = 0.0;          ///< a codec's encode time per element of the vector (0: dense)
   double decode_s = 0.0;          ///< a codec's decode time per element of the vector (0: dense)
   bool compressed = false;        ///< a LinearCodec's payloads (no pipelined or hierarchical form)
@@ -140,15 +141,16 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
 ///                  the additions, and not the first chunk's; dense only)
 /// plus, for a codec, (encode_s + decode_s) x elements, and message_s per message a rank sends (a hop's
-/// chunks; direct: (N-1)(1 + k)). gamma = add_s.
+/// chunks; direct: (N-1)(1 + k)). gamma = add_s. The 4 bytes of a cell are p.cell_bytes (2 for
+/// packed 16-bit cells).
 inline double predict_seconds(const cost_model& m, schedule_kind kind, const cost_problem& p) {
   const double inf = std::numeric_limits<double>::infinity();
   const int n = std::max(1, p.ranks);
   const double codec = (p.encode_s + p.decode_s) * double(p.elements);
   if (n == 1) return kind == schedule_kind::library || kind == schedule_kind::hierarchical ? inf : codec;
-  const double mfl = double(p.elements) * p.wire_ratio, bytes = 4.0 * mfl;
+  const double mfl = double(p.elements) * p.wire_ratio, bytes = p.cell_bytes * mfl;
   const auto hops = [&](const link_cost& l, int count, double floats, bool add, bool pipelined) {
-    return double(count) * detail::cost_hop(l, 4.0 * floats, add ? floats : 0.0, m, pipelined);
+    return double(count) * detail::cost_hop(l, p.cell_bytes * floats, add ? floats : 0.0, m, pipelined);
   };
   switch (kind) {
     case schedule_kind::ring:
@@ -166,14 +168,14 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
         t += detail::cost_hop(m.inter, bytes, mfl, m, piped, piped) + detail::cost_hop(m.inter, bytes, 0, m, piped, piped);
       for (int d = q / 2; d >= 1; d /= 2) {
         const double part = mfl * double(d) / double(q);
-        t += detail::cost_hop(m.inter, 4.0 * part, part, m, piped, piped);
+        t += detail::cost_hop(m.inter, p.cell_bytes * part, part, m, piped, piped);
       }
       // The all-gather: at a step of radix r and stride s, r - 1 concurrent copies of s blocks.
       double stride = 1.0;
       for (const int r : detail::schedule_allgather_radices(q, p.compressed ? 2 : m.allgather_radix)) {
         const double per_peer = mfl * stride / double(q), peers = double(r - 1);
         const double k = piped ? detail::cost_chunks(per_peer, m, true, detail::allgather_step_cap(m.max_chunks, r)) : 1.0;
-        t += m.inter.latency_s + 4.0 * per_peer * peers * m.inter.seconds_per_byte + detail::cost_messages(k, m, peers);
+        t += m.inter.latency_s + p.cell_bytes * per_peer * peers * m.inter.seconds_per_byte + detail::cost_messages(k, m, peers);
         stride *= double(r);
       }
       return t;
@@ -189,7 +191,7 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
     case schedule_kind::direct: {
       if (p.compressed || !m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
-      const double wire = 4.0 * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
+      const double wire = p.cell_bytes * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
       const double k = detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
