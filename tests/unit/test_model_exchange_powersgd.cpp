@@ -2,7 +2,7 @@
 // start period's one dense round, then two sum rounds per step (the P's with
 // the bucket's dense layers, then the Q's), identical results on 2-4 ranks
 // over inproc, the mean recovered for low-rank gradients, agreed failures
-// that leave the state as it was, checkpoints that resume bit-identical,
+// that leave the state as it was, P and Q on every schedule, checkpoints that resume bit-identical,
 // and the plan's fingerprint covering PowerSGD's options.
 #include <doctest/doctest.h>
 
@@ -205,6 +205,52 @@ TEST_CASE("powersgd over inproc: 2-4 ranks, identical results, 2 rounds after th
     for (int r = 1; r < n; ++r)
       for (std::size_t i = 0; i < m.size(); ++i) CHECK(bit_equal(results[std::size_t(r)][i], results[0][i]));
   }
+}
+
+TEST_CASE("powersgd over inproc on every schedule: P and Q summed by each, identical results, the mean recovered") {
+  using gradcomp::schedule_kind;
+  const auto m = powersgd_model();
+  const schedule_kind kinds[] = {schedule_kind::ring,   schedule_kind::pipelined_ring, schedule_kind::rabenseifner,
+                                 schedule_kind::hierarchical, schedule_kind::direct, schedule_kind::library};
+  for (int n : {2, 3, 4, 5, 8})
+    for (auto kind : kinds) {
+      CAPTURE(n);
+      CAPTURE(std::string(gradcomp::to_string(kind)));
+      std::vector<std::vector<std::vector<float>>> results(static_cast<std::size_t>(n));
+      std::vector<double> worst(static_cast<std::size_t>(n), 0.0);
+      std::vector<std::vector<std::string>> schedules(static_cast<std::size_t>(n));
+      gradcomp::transport::run_workers(n, [&](inproc_endpoint& ep) {
+        gradcomp::schedule_options so{.kind = kind, .chunk_elements = 64};  // several chunks per P and Q
+        so.group_size = n % 2 == 0 && n > 2 ? 2 : 0;
+        gx::model_exchange ex(ep, gx::plan(m, powersgd_options()), {}, gx::schedule_collectives<>(so));
+        for (std::uint64_t step = 0; step < 5; ++step) {
+          auto g = gradients(m, ep.rank(), step);
+          std::vector<std::vector<float>> mean(m.size());
+          for (std::size_t i = 0; i < m.size(); ++i) mean[i].assign(m[i].shape.size(), 0.0f);
+          for (int r = 0; r < n; ++r) {
+            const auto gr = gradients(m, r, step);
+            for (std::size_t i = 0; i < m.size(); ++i)
+              for (std::size_t k = 0; k < gr[i].size(); ++k) mean[i][k] += gr[i][k] / float(n);
+          }
+          const auto& st = ex.step(spans(g));
+          REQUIRE_FALSE(st.skipped);
+          for (std::size_t i = 0; i < m.size(); ++i)
+            worst[std::size_t(ep.rank())] = std::max(worst[std::size_t(ep.rank())], rel_error(g[i], mean[i]));
+          if (step == 4) {
+            results[std::size_t(ep.rank())] = g;
+            for (const auto& round : st.round_log) schedules[std::size_t(ep.rank())].push_back(round.schedule);
+          }
+        }
+      });
+      // After the start period: the P round and the Q round of the PowerSGD bucket, and the bias bucket's sum.
+      const std::string ran = kind == schedule_kind::library ? "rabenseifner" : gradcomp::to_string(kind);  // inproc: no library
+      for (int r = 0; r < n; ++r) {
+        CHECK(worst[std::size_t(r)] < 2e-3);
+        CHECK(schedules[std::size_t(r)] == std::vector<std::string>{ran, ran, ran});
+      }
+      for (int r = 1; r < n; ++r)
+        for (std::size_t i = 0; i < m.size(); ++i) CHECK(bit_equal(results[std::size_t(r)][i], results[0][i]));
+    }
 }
 
 TEST_CASE("powersgd over inproc: a non-finite gradient after the start period is agreed, the state is unchanged") {
