@@ -17,6 +17,9 @@
 /// | library         | schedules/library.hpp           | the library's | the library's                  |
 /// | direct          | schedules/direct.hpp            | 2             | 2(N-1)/N, N-1 messages at once |
 ///
+/// In a LinearCodec's compressed domain (allreduce_linear): ring_allreduce_linear
+/// (ring/linear.hpp), rabenseifner_linear.hpp, hierarchical_linear.hpp, direct_linear.hpp.
+///
 /// Several buckets' LinearCodecs summed in one compressed all-reduce:
 /// codec_group (schedules/codec_group.hpp), a LinearCodec over their
 /// concatenated vectors.
@@ -38,6 +41,7 @@
 #include <gradcomp/schedules/codec_group.hpp>
 #include <gradcomp/schedules/cost_model.hpp>
 #include <gradcomp/schedules/direct.hpp>
+#include <gradcomp/schedules/direct_linear.hpp>
 #include <gradcomp/schedules/hierarchical.hpp>
 #include <gradcomp/schedules/hierarchical_linear.hpp>
 #include <gradcomp/schedules/library.hpp>
@@ -114,9 +118,10 @@ ring_stats allreduce(T& t, std::span<float> data, const schedule_options& option
 /// ring and pipelined_ring run Algorithm 1 of seed 002
 /// (ring_allreduce_linear, which already overlaps encoding and transfer),
 /// rabenseifner runs rabenseifner_allreduce_linear, hierarchical
-/// hierarchical_allreduce_linear. The direct and library schedules have no
-/// compressed form here (invalid_argument_error; the whole-model exchange
-/// runs a LinearCodec on every schedule through its summable buffer).
+/// hierarchical_allreduce_linear, direct direct_allreduce_linear. The
+/// library schedule has no compressed form here (invalid_argument_error:
+/// MPI cannot add a codec's payloads; the whole-model exchange hands a
+/// LinearCodec's summable float32 buffer to the library).
 template <ExecutionPolicy Policy, Transport T, class C>
   requires LinearCodec<std::remove_const_t<C>>
 ring_stats allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const schedule_options& options = {}) {
@@ -126,9 +131,11 @@ ring_stats allreduce_linear(Policy, T& t, C& codec, std::span<float> data, const
       return ring_allreduce_linear(Policy{}, t, codec, data, detail::schedule_ring_options(options));
     case schedule_kind::rabenseifner: return rabenseifner_allreduce_linear(t, codec, data, options);
     case schedule_kind::hierarchical: return hierarchical_allreduce_linear(Policy{}, t, codec, data, options);
+    case schedule_kind::direct: return direct_allreduce_linear(t, codec, data, options);
     default:
-      throw invalid_argument_error(std::string("allreduce_linear: no compressed form of the ") +
-                                   to_string(options.kind) + " schedule (use ring, rabenseifner or hierarchical)");
+      throw invalid_argument_error(std::string("allreduce_linear: no compressed form of the ") + to_string(options.kind) +
+                                   " schedule (use ring, rabenseifner, hierarchical or direct; the whole-model exchange "
+                                   "hands a codec's summable buffer to the library)");
   }
 }
 

@@ -141,7 +141,7 @@ TEST_CASE("mpi schedules: Rabenseifner's all-gather in groups gives doubling's b
   }
 }
 
-TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, close to the ring's") {
+TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the hierarchical ring and direct, the same bits everywhere, close to the ring's") {
   const int n = world_size(), r = world_rank();
   transport::mpi_transport t(MPI_COMM_WORLD);
   const low_rank_layer layer(16, 3, 16 * (3 * std::size_t(n) + 1) + 5, 40 + std::uint64_t(n));
@@ -186,6 +186,16 @@ TEST_CASE("mpi schedules: GradiVeQ on Rabenseifner, the same bits everywhere, cl
   allreduce_linear(t, mine, std::span<float>(hier), {.kind = schedule_kind::hierarchical, .group_size = n % 2 == 0 ? 2 : 0});
   CHECK(same_on_every_rank(hier));
   CHECK(rel_error(hier, reference) < 1e-5);
+  // The compressed direct schedule (a length, then the bytes, to and from every peer), twice with one workspace.
+  for (int call = 0; call < 2; ++call) {
+    vec direct = x[std::size_t(r)];
+    schedule_options o{.kind = schedule_kind::direct};
+    o.workspace = &ws;
+    const ring_stats st = allreduce_linear(t, mine, std::span<float>(direct), o);
+    CHECK(same_on_every_rank(direct));
+    CHECK(rel_error(direct, reference) < 1e-5);
+    CHECK(st.messages_sent == std::size_t(2 * (n - 1)));
+  }
 }
 
 TEST_CASE("mpi schedules: two GradiVeQ buckets as one codec_group on Rabenseifner: each bucket's sum, the same bits, whole or in pieces") {

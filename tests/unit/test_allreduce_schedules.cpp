@@ -1,7 +1,7 @@
 // schedules.hpp: the all-reduce schedules beyond the ring over the in-process
 // transport: pipelined ring (bit for bit the ring), Rabenseifner (any N, the
-// fold of non-powers of two), hierarchical two-level ring, and Rabenseifner in
-// GradiVeQ's compressed domain. 1..8 ranks, odd counts, lengths below N,
+// fold of non-powers of two), hierarchical two-level ring, and Rabenseifner,
+// the hierarchical ring and the direct schedule in GradiVeQ's compressed domain. 1..8 ranks, odd counts, lengths below N,
 // identical bits on every rank, the sum within float tolerance.
 #include <doctest/doctest.h>
 
@@ -564,6 +564,77 @@ TEST_CASE("schedules: GradiVeQ on the hierarchical ring: bit-identical, the comp
           }
         }
     }
+}
+
+TEST_CASE("schedules: GradiVeQ on the direct schedule: bit-identical, the compressed sum, one encode and decode, N = 1..8, both faces") {
+  for (int n = 1; n <= 8; ++n)
+    for (std::size_t tail : {std::size_t(0), std::size_t(5)}) {
+      CAPTURE(n);
+      CAPTURE(tail);
+      const std::size_t K = 16;
+      const low_rank_layer layer(K, 3, K * std::size_t(2 * n + 3) + tail, 90 + std::uint64_t(n));
+      const auto codec = fitted_codec(layer, static_cast<std::size_t>(n));
+      const std::vector<vec> x = rank_samples(layer, n, 8000);
+      const vec reference = compressed_domain_sum(codec, x);
+      for (bool zero_copy : {false, true})
+        for (bool average : {false, true}) {
+          CAPTURE(zero_copy);
+          CAPTURE(average);
+          std::vector<vec> out = x;
+          std::vector<ring_stats> stats(static_cast<std::size_t>(n));
+          run_workers(n, [&](inproc_endpoint& ep) {
+            auto mine = codec;
+            const schedule_options o{.kind = schedule_kind::direct, .average = average};
+            auto& v = out[std::size_t(ep.rank())];
+            if (zero_copy) {
+              auto z = ep.zero_copy();
+              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(z, mine, std::span<float>(v), o);
+            } else {
+              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(ep, mine, std::span<float>(v), o);
+            }
+          }, {.recv_timeout = 60s});
+          for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
+          vec want = reference;
+          if (average)
+            for (auto& w : want) w /= float(n);
+          CHECK(rel_error(out[0], want) < 1e-5);
+          // Every block encoded and decoded exactly once per rank; one message to each peer per phase.
+          for (const auto& st : stats) {
+            CHECK(st.encodes == std::size_t(n));
+            CHECK(st.decodes == std::size_t(n));
+            CHECK(st.messages_sent == std::size_t(2 * (n - 1)));
+          }
+        }
+    }
+}
+
+TEST_CASE("schedules: dense_codec on the direct schedule equals the dense direct schedule bit for bit; the library has no compressed form") {
+  for (int n : {2, 3, 5, 8}) {
+    CAPTURE(n);
+    const auto x = inputs(n, 301 * 8 + 3, 17);
+    const auto dense = run_allreduce(n, x, {.kind = schedule_kind::direct, .chunk_elements = 0});
+    for (bool zero_copy : {false, true}) {
+      CAPTURE(zero_copy);
+      std::vector<vec> lin = x;
+      run_workers(n, [&](inproc_endpoint& ep) {
+        gradcomp::dense_codec<> c;
+        const schedule_options o{.kind = schedule_kind::direct};
+        if (zero_copy) {
+          auto z = ep.zero_copy();
+          gradcomp::allreduce_linear(z, c, lin[std::size_t(ep.rank())], o);
+        } else {
+          gradcomp::allreduce_linear(ep, c, lin[std::size_t(ep.rank())], o);
+        }
+      });
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(lin[std::size_t(r)], dense[0]));
+    }
+  }
+  run_workers(2, [&](inproc_endpoint& ep) {
+    gradcomp::dense_codec<> c;
+    vec v(10, 1.0f);
+    CHECK_THROWS_AS(gradcomp::allreduce_linear(ep, c, std::span<float>(v), {.kind = schedule_kind::library}),
+                    gradcomp::invalid_argument_error);
+  });
 }
 
 TEST_CASE("schedules: the compressed hierarchical ring: one level is Algorithm 1's ring; a group size must divide N") {

@@ -168,7 +168,12 @@ TEST_CASE("cost model: the direct schedule is priced only on request, two phases
   m.message_s = 1e-6;
   CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, p) == doctest::Approx(chunked + 12e-6).epsilon(1e-12));
   m.message_s = 0;
+  // A codec's payloads (direct_allreduce_linear): whole blocks, the sums before the all-gather, plus encode and decode.
   gradcomp::cost_problem c = p;
   c.compressed = true;
-  CHECK(std::isinf(gradcomp::predict_seconds(m, schedule_kind::direct, c)));
+  c.wire_ratio = 0.25;
+  c.encode_s = 2e-9;
+  c.decode_s = 1e-9;
+  const double compressed = (1e-5 + 750e-9) + (1e-5 + 187.5e-9 + 750e-9) + 3000e-9;
+  CHECK(gradcomp::predict_seconds(m, schedule_kind::direct, c) == doctest::Approx(compressed).epsilon(1e-12));
 }

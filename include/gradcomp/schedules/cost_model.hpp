@@ -139,7 +139,7 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 ///                  alpha + w, then the additions A = (N-1)/N m gamma in k = ceil((m/N) / chunk) chunks,
 ///                  each chunk's all-gather sent as soon as it is summed: alpha + A/k + max(w, A (k-1)/k)
 ///                  (the copies share the port fairly and arrive together, so only the all-gather can hide
-///                  the additions, and not the first chunk's; dense only)
+///                  the additions, and not the first chunk's; a codec's blocks whole: k = 1)
 /// plus, for a codec, (encode_s + decode_s) x elements, and message_s per message a rank sends (a hop's
 /// chunks; direct: (N-1)(1 + k)). gamma = add_s. The 4 bytes of a cell are p.cell_bytes (2 for
 /// packed 16-bit cells).
@@ -189,15 +189,16 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
              hops(m.inter, groups - 1, b, false, true) + hops(m.intra, g - 1, s, false, true);
     }
     case schedule_kind::direct: {
-      if (p.compressed || !m.price_direct) return inf;
+      if (!m.price_direct) return inf;
       const double moved = mfl * double(n - 1) / double(n);  // floats each rank sends (and receives) per phase
       const double wire = p.cell_bytes * moved * m.inter.seconds_per_byte, add = moved * m.add_s;
-      const double k = detail::cost_chunks(mfl / n, m, true);
+      // A codec's blocks go whole (direct_allreduce_linear): its sums (eq. 4) before the all-gather.
+      const double k = p.compressed ? 1.0 : detail::cost_chunks(mfl / n, m, true);
       // The N-1 copies share the owner's port fairly and arrive together at the end of the first phase;
       // chunk c's all-gather then travels while chunk c + 1 is summed (schedules/direct.hpp).
       // the messages: one copy to each of the N-1 peers, then k all-gather chunks to each
       return (m.inter.latency_s + wire) + (m.inter.latency_s + add / k + std::max(wire, add * (k - 1.0) / k)) +
-             detail::cost_messages(1.0, m, double(n - 1)) + detail::cost_messages(k, m, double(n - 1));
+             detail::cost_messages(1.0, m, double(n - 1)) + detail::cost_messages(k, m, double(n - 1)) + codec;
     }
     case schedule_kind::library: return inf;
   }
