@@ -7,6 +7,7 @@
 
 #include <gradcomp/dense.hpp>
 #include <gradcomp/gradiveq.hpp>
+#include <gradcomp/half.hpp>
 #include <gradcomp/qsgd.hpp>
 #include <gradcomp/ring_allreduce.hpp>
 #include <gradcomp/sparsify.hpp>
@@ -143,6 +144,104 @@ TEST_CASE("linear ring: GradiVeQ result == decode(sum of encodes) on every node,
         CHECK(per_rank < 2.0 * compressed + 64.0 * 2 * n);
       }
     }
+}
+
+TEST_CASE("linear ring over the zero-copy face: exact receives, the moving face's bits, chunked and whole, N = 1..8") {
+  // GradiVeQ, dense_codec and fp16 know their payload sizes (KnowsBodySize): over a
+  // ZeroCopyTransport every receive is posted with its exact size; the bits must not change.
+  static_assert(gradcomp::KnowsBodySize<linear_compressor<>> && gradcomp::KnowsBodySize<dense_codec<>> &&
+                gradcomp::KnowsBodySize<gradcomp::fp16_codec<>>);
+  for (int n = 1; n <= 8; ++n)
+    for (std::size_t chunk : {std::size_t(0), std::size_t(32), gradcomp::ring_whole_segments}) {
+      CAPTURE(n);
+      CAPTURE(chunk);
+      const std::size_t K = 16;
+      const low_rank_layer layer(K, 3, K * std::size_t(5 * n + 1) + 5, 60 + std::uint64_t(n));
+      const auto gq = fitted_codec(layer, static_cast<std::size_t>(n));
+      const std::vector<vec> x = rank_samples(layer, n, 7000);
+      const ring_options o{.chunk_elements = chunk};
+      auto run = [&](auto codec, bool zero_copy) {
+        std::vector<vec> out = x;
+        std::vector<ring_stats> st(static_cast<std::size_t>(n));
+        on_ring(n, [&](int r, inproc_endpoint& ep) {
+          auto c = codec;
+          if (zero_copy) {
+            auto z = ep.zero_copy();
+            st[std::size_t(r)] = gradcomp::ring_allreduce_linear(z, c, out[std::size_t(r)], o);
+          } else {
+            st[std::size_t(r)] = gradcomp::ring_allreduce_linear(ep, c, out[std::size_t(r)], o);
+          }
+        });
+        return std::make_pair(out, st);
+      };
+      auto check_same = [&](auto codec) {
+        const auto moving = run(codec, false), exact = run(codec, true);
+        for (int r = 0; r < n; ++r) {
+          CHECK(bit_equal(exact.first[std::size_t(r)], moving.first[0]));
+          // The same payloads; the zero-copy face adds one 8-byte size digest per rank and call.
+          const auto& a = exact.second[std::size_t(r)];
+          const auto& b = moving.second[std::size_t(r)];
+          const std::size_t digest = n > 1 ? 1 : 0;
+          CHECK(a.messages_sent == b.messages_sent + digest);
+          CHECK(a.bytes_sent == b.bytes_sent + 8 * digest);
+          CHECK(a.bytes_received == b.bytes_received + 8 * digest);
+        }
+      };
+      check_same(gq);
+      check_same(dense_codec<>{});
+      check_same(gradcomp::fp16_codec<>{});
+    }
+}
+
+TEST_CASE("linear ring over the zero-copy face: empty segments (length below N) travel as bare headers, exact") {
+  for (int n : {3, 8})
+    for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(2), std::size_t(5)}) {
+      CAPTURE(n);
+      CAPTURE(len);
+      const auto x = inputs(n, len, 77 + len);
+      std::vector<vec> moving = x, exact = x;
+      on_ring(n, [&](int r, inproc_endpoint& ep) {
+        dense_codec<> a, b;
+        gradcomp::ring_allreduce_linear(ep, a, moving[std::size_t(r)]);
+        auto z = ep.zero_copy();
+        gradcomp::ring_allreduce_linear(z, b, exact[std::size_t(r)]);
+      });
+      for (int r = 0; r < n; ++r) CHECK(bit_equal(exact[std::size_t(r)], moving[0]));
+    }
+}
+
+TEST_CASE("linear ring over the zero-copy face: another length or payload size is a transport_error before any payload") {
+  SUBCASE("ranks disagree on the length (dense_codec)") {
+    std::vector<std::string> errors(2);
+    run_workers(2, [&](inproc_endpoint& ep) {
+      auto z = ep.zero_copy();
+      vec x(ep.rank() == 1 ? 14 : 12, 1.0f);
+      dense_codec<> c;
+      try {
+        gradcomp::ring_allreduce_linear(z, c, x);
+      } catch (const gradcomp::transport_error& e) {
+        errors[std::size_t(ep.rank())] = e.what();
+      }
+    }, {.recv_timeout = 30s});
+    for (const auto& e : errors) CHECK(e.find("disagree on the sizes") != std::string::npos);
+  }
+  SUBCASE("GradiVeQ bases of another dimension") {
+    const low_rank_layer two(16, 2, 16 * 8, 41), five(16, 5, 16 * 8, 42);
+    const auto a = fitted_codec(two, 2), b = fitted_codec(five, 2);
+    REQUIRE(a.segment_body_size(0, 16 * 4) != b.segment_body_size(0, 16 * 4));
+    std::vector<std::string> errors(2);
+    run_workers(2, [&](inproc_endpoint& ep) {
+      auto z = ep.zero_copy();
+      auto c = ep.rank() == 0 ? a : b;
+      vec x = two.sample(3 + std::uint64_t(ep.rank()));
+      try {
+        gradcomp::ring_allreduce_linear(z, c, x);
+      } catch (const gradcomp::transport_error& e) {
+        errors[std::size_t(ep.rank())] = e.what();
+      }
+    }, {.recv_timeout = 30s});
+    for (const auto& e : errors) CHECK(e.find("disagree on the sizes") != std::string::npos);
+  }
 }
 
 TEST_CASE("linear ring: segments hold whole slices, empty segments when N > slices, average") {

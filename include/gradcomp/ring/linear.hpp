@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -220,6 +221,33 @@ void ring_agree_scales(T& t, C& codec, std::span<const float> data, const ring_o
   }
 }
 
+/// A receive of exactly `buffer.size()` bytes posted straight into a buffer
+/// of its own (irecv_into): Algorithm 1's messages over a zero-copy
+/// transport when the codec knows its payload sizes (KnowsBodySize). Every
+/// receive is then posted before its data is due, so a message moves as
+/// soon as it is sent; a receive of unknown size probes first, and an MPI
+/// without a matched probe (SimGrid's SMPI) receives such messages one at a
+/// time, each behind its own latency.
+template <class T>
+struct ring_exact_recv {
+  using handle = decltype(std::declval<T&>().irecv_into(0, 0, std::span<std::byte>{}));
+  std::vector<std::byte> buffer;  ///< where the bytes land (its heap storage stays put when the struct moves)
+  std::optional<handle> h;
+  int source = 0, tag = 0;
+
+  /// Waits and returns the message (the buffer moves into it); transport_error on another length.
+  message wait(ring_stats& st, const char* who, int self) {
+    std::size_t got = 0;
+    ring_timed(st.wait_seconds, [&] { got = h->wait(); });
+    st.bytes_received += got;
+    if (got != buffer.size())
+      throw transport_error(std::string(who) + ": rank " + std::to_string(self) + " expected " +
+                            std::to_string(buffer.size()) + " bytes from rank " + std::to_string(source) + ", got " +
+                            std::to_string(got));
+    return message{source, tag, std::move(buffer)};
+  }
+};
+
 /// Algorithm 1 of seed 002 (see ring_allreduce_linear).
 template <class Policy, class T, class C, class OnEncode>
 ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_options& options, OnEncode& on_encode) {
@@ -274,12 +302,73 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
 
   const int tag_rs = options.tag_base, tag_ag = options.tag_base + 1;
   ring_channel<T> ch(t, ring.next(), ring.prev(), st);
+  // Over a zero-copy transport, for a codec that knows its payload sizes,
+  // every receive is posted with its exact size (ring_exact_recv). Those
+  // sizes are this rank's idea of the predecessor's payloads, and some MPI
+  // libraries write past a receive that is too small instead of failing, so
+  // each rank first sends its successor a digest of every chunk's size and
+  // checks its predecessor's: a rank with another length or codec
+  // configuration (another GradiVeQ basis) is an error before any payload
+  // is received.
+  constexpr bool exact = ZeroCopyTransport<T> && KnowsBodySize<std::remove_const_t<C>>;
+  auto exact_bytes = [&](int k, std::size_t c) -> std::size_t {
+    if constexpr (exact) {
+      return wire::header_size + seg::body_size(std::as_const(codec), plan.begin(k, c), plan.size(k, c));
+    } else {
+      (void)k;
+      (void)c;
+      return 0;
+    }
+  };
+  if constexpr (exact) {
+    std::uint64_t mine = 14695981039346656037ull, theirs = 0;  // FNV-1a over N, the length and every chunk's bytes
+    auto mix = [&](std::uint64_t x) {
+      for (int i = 0; i < 8; ++i) mine = (mine ^ ((x >> (8 * i)) & 0xFFu)) * 1099511628211ull;
+    };
+    mix(std::uint64_t(n));
+    mix(std::uint64_t(data.size()));
+    for (int k = 0; k < n; ++k)
+      for (std::size_t c = 0; c < plan.count(k); ++c) mix(std::uint64_t(exact_bytes(k, c)));
+    auto in = t.irecv_into(ring.prev(), tag_rs, std::as_writable_bytes(std::span<std::uint64_t>(&theirs, 1)));
+    auto out = t.isend_view(ring.next(), tag_rs, std::as_bytes(std::span<const std::uint64_t>(&mine, 1)));
+    st.bytes_sent += sizeof mine;
+    ++st.messages_sent;
+    std::size_t got = 0;
+    ring_timed(st.wait_seconds, [&] { got = in.wait(); });
+    ring_timed(st.wait_seconds, [&] { out.wait(); });
+    st.bytes_received += got;
+    if (got != sizeof theirs || theirs != mine)
+      throw transport_error(std::string(who) + ": rank " + std::to_string(self) + " and its predecessor, rank " +
+                            std::to_string(ring.prev()) +
+                            ", disagree on the sizes of their chunks' payloads (another vector length or codec "
+                            "configuration, e.g. another GradiVeQ basis)");
+  }
   // Every receive posted up front, in the order the predecessor sends.
-  auto rs_recv = ch.post(tag_rs, static_cast<int>(plan.messages(steps, [&](int s) { return ring.reduce_scatter_recv(s); })));
-  auto ag_recv = ch.post(tag_ag, static_cast<int>(plan.messages(steps, [&](int s) { return ring.all_gather_recv(s); })));
+  auto post = [&](int tag, auto segment) {
+    if constexpr (exact) {
+      std::vector<ring_exact_recv<T>> h;
+      h.reserve(plan.messages(steps, segment));
+      for (int s = 0; s < steps; ++s) {
+        const int k = segment(s);
+        for (std::size_t c = 0; c < plan.count(k); ++c) {
+          h.push_back(ring_exact_recv<T>{std::vector<std::byte>(exact_bytes(k, c)), std::nullopt, ring.prev(), tag});
+          h.back().h.emplace(t.irecv_into(ring.prev(), tag, std::span<std::byte>(h.back().buffer)));
+        }
+      }
+      return h;
+    } else {
+      return ch.post(tag, static_cast<int>(plan.messages(steps, segment)));
+    }
+  };
+  auto rs_recv = post(tag_rs, [&](int s) { return ring.reduce_scatter_recv(s); });
+  auto ag_recv = post(tag_ag, [&](int s) { return ring.all_gather_recv(s); });
   std::size_t rs_next = 0;
   auto receive = [&](auto& handle, int k, std::size_t c, const char* phase, int s) {
-    message m = ch.wait(handle);
+    message m;
+    if constexpr (exact)
+      m = handle.wait(st, who, self);
+    else
+      m = ch.wait(handle);
     const std::string where =
         plan.count(k) == 1 ? ring_where(who, self, k, m.source, phase, s)
                            : ring_where(who, self, k, m.source, phase, s) + ", chunk " + std::to_string(c) + " of " +
