@@ -22,6 +22,7 @@
 #include <cstring>
 #include <algorithm>
 #include <span>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -37,6 +38,27 @@ namespace {
 using vec = std::vector<float>;
 
 const std::size_t lengths[] = {0, 1, 2, 3, 5, 7, 8, 13, 64, 257, 1000, 4099};
+
+/// allreduce_linear of x (one vector per rank) with a copy of `codec` on each
+/// of n in-process ranks, over the moving or the zero-copy face: every
+/// rank's result and stats.
+template <class Codec>
+std::pair<std::vector<vec>, std::vector<ring_stats>> run_linear(int n, const Codec& codec, const std::vector<vec>& x,
+                                                               const schedule_options& o, bool zero_copy) {
+  std::vector<vec> out = x;
+  std::vector<ring_stats> stats(static_cast<std::size_t>(n));
+  run_workers(n, [&](inproc_endpoint& ep) {
+    auto mine = codec;
+    auto& v = out[std::size_t(ep.rank())];
+    if (zero_copy) {
+      auto z = ep.zero_copy();
+      stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(z, mine, std::span<float>(v), o);
+    } else {
+      stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(ep, mine, std::span<float>(v), o);
+    }
+  }, {.recv_timeout = 60s});
+  return {out, stats};
+}
 
 }  // namespace
 
@@ -537,19 +559,8 @@ TEST_CASE("schedules: GradiVeQ on the hierarchical ring: bit-identical, the comp
         for (bool average : {false, true}) {
           CAPTURE(zero_copy);
           CAPTURE(average);
-          std::vector<vec> out = x;
-          std::vector<ring_stats> stats(static_cast<std::size_t>(n));
-          run_workers(n, [&](inproc_endpoint& ep) {
-            auto mine = codec;
-            const schedule_options o{.kind = schedule_kind::hierarchical, .average = average, .group_size = sh.g};
-            auto& v = out[std::size_t(ep.rank())];
-            if (zero_copy) {
-              auto z = ep.zero_copy();
-              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(z, mine, std::span<float>(v), o);
-            } else {
-              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(ep, mine, std::span<float>(v), o);
-            }
-          }, {.recv_timeout = 60s});
+          const auto [out, stats] =
+              run_linear(n, codec, x, {.kind = schedule_kind::hierarchical, .average = average, .group_size = sh.g}, zero_copy);
           for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
           vec want = reference;
           if (average)
@@ -580,19 +591,7 @@ TEST_CASE("schedules: GradiVeQ on the direct schedule: bit-identical, the compre
         for (bool average : {false, true}) {
           CAPTURE(zero_copy);
           CAPTURE(average);
-          std::vector<vec> out = x;
-          std::vector<ring_stats> stats(static_cast<std::size_t>(n));
-          run_workers(n, [&](inproc_endpoint& ep) {
-            auto mine = codec;
-            const schedule_options o{.kind = schedule_kind::direct, .average = average};
-            auto& v = out[std::size_t(ep.rank())];
-            if (zero_copy) {
-              auto z = ep.zero_copy();
-              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(z, mine, std::span<float>(v), o);
-            } else {
-              stats[std::size_t(ep.rank())] = gradcomp::allreduce_linear(ep, mine, std::span<float>(v), o);
-            }
-          }, {.recv_timeout = 60s});
+          const auto [out, stats] = run_linear(n, codec, x, {.kind = schedule_kind::direct, .average = average}, zero_copy);
           for (int r = 0; r < n; ++r) CHECK(bit_equal(out[std::size_t(r)], out[0]));
           vec want = reference;
           if (average)
@@ -615,17 +614,7 @@ TEST_CASE("schedules: dense_codec on the direct schedule equals the dense direct
     const auto dense = run_allreduce(n, x, {.kind = schedule_kind::direct, .chunk_elements = 0});
     for (bool zero_copy : {false, true}) {
       CAPTURE(zero_copy);
-      std::vector<vec> lin = x;
-      run_workers(n, [&](inproc_endpoint& ep) {
-        gradcomp::dense_codec<> c;
-        const schedule_options o{.kind = schedule_kind::direct};
-        if (zero_copy) {
-          auto z = ep.zero_copy();
-          gradcomp::allreduce_linear(z, c, lin[std::size_t(ep.rank())], o);
-        } else {
-          gradcomp::allreduce_linear(ep, c, lin[std::size_t(ep.rank())], o);
-        }
-      });
+      const auto lin = run_linear(n, gradcomp::dense_codec<>{}, x, {.kind = schedule_kind::direct}, zero_copy).first;
       for (int r = 0; r < n; ++r) CHECK(bit_equal(lin[std::size_t(r)], dense[0]));
     }
   }

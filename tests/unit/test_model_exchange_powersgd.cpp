@@ -75,6 +75,18 @@ std::vector<std::vector<float>> gradients(const gx::model_description& m, int ra
 
 std::vector<std::span<float>> spans(std::vector<std::vector<float>>& g) { return {g.begin(), g.end()}; }
 
+/// The mean of the n ranks' gradients of `step`, rebuilt from every rank's.
+std::vector<std::vector<float>> mean_gradients(const gx::model_description& m, int n, std::uint64_t step) {
+  std::vector<std::vector<float>> mean(m.size());
+  for (std::size_t i = 0; i < m.size(); ++i) mean[i].assign(m[i].shape.size(), 0.0f);
+  for (int r = 0; r < n; ++r) {
+    const auto gr = gradients(m, r, step);
+    for (std::size_t i = 0; i < m.size(); ++i)
+      for (std::size_t k = 0; k < gr[i].size(); ++k) mean[i][k] += gr[i][k] / float(n);
+  }
+  return mean;
+}
+
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0.0, den = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -182,14 +194,7 @@ TEST_CASE("powersgd over inproc: 2-4 ranks, identical results, 2 rounds after th
       gx::model_exchange ex(ep, gx::plan(m, powersgd_options()));
       for (std::uint64_t step = 0; step < 6; ++step) {
         auto g = gradients(m, ep.rank(), step);
-        // The mean every rank should get, rebuilt from every rank's gradients.
-        std::vector<std::vector<float>> mean(m.size());
-        for (std::size_t i = 0; i < m.size(); ++i) mean[i].assign(m[i].shape.size(), 0.0f);
-        for (int r = 0; r < n; ++r) {
-          const auto gr = gradients(m, r, step);
-          for (std::size_t i = 0; i < m.size(); ++i)
-            for (std::size_t k = 0; k < gr[i].size(); ++k) mean[i][k] += gr[i][k] / float(n);
-        }
+        const auto mean = mean_gradients(m, n, step);  // what every rank should get
         const auto& st = ex.step(spans(g));
         REQUIRE_FALSE(st.skipped);
         rounds[std::size_t(ep.rank())].push_back(st.rounds);
@@ -225,13 +230,7 @@ TEST_CASE("powersgd over inproc on every schedule: P and Q summed by each, ident
         gx::model_exchange ex(ep, gx::plan(m, powersgd_options()), {}, gx::schedule_collectives<>(so));
         for (std::uint64_t step = 0; step < 5; ++step) {
           auto g = gradients(m, ep.rank(), step);
-          std::vector<std::vector<float>> mean(m.size());
-          for (std::size_t i = 0; i < m.size(); ++i) mean[i].assign(m[i].shape.size(), 0.0f);
-          for (int r = 0; r < n; ++r) {
-            const auto gr = gradients(m, r, step);
-            for (std::size_t i = 0; i < m.size(); ++i)
-              for (std::size_t k = 0; k < gr[i].size(); ++k) mean[i][k] += gr[i][k] / float(n);
-          }
+          const auto mean = mean_gradients(m, n, step);
           const auto& st = ex.step(spans(g));
           REQUIRE_FALSE(st.skipped);
           for (std::size_t i = 0; i < m.size(); ++i)

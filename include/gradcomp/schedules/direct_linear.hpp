@@ -33,16 +33,12 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The compressed direct schedule (see direct_allreduce_linear).
 template <class T, class C>
 ring_stats direct_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
-  using seg = ring_segmentation<std::remove_const_t<C>>;
   constexpr const char* who = "direct_allreduce_linear";
   const auto started = ring_clock::now();
   ring_stats st;
   schedule_check_tags(o, who);
   const int n = static_cast<int>(t.size()), r = static_cast<int>(t.rank());
-  ring_check_summands(codec, n, who);
-  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);  // a max: exact in any policy
-  linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n), data.size(), n, who),
-                          o, st, who);
+  auto blk = make_linear_blocks(t, codec, data, n, o, st, who);
   if (n == 1) {
     blk.encode(0, 1);
     blk.decode(blk.own(0), 0);

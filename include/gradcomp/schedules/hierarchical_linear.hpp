@@ -39,17 +39,13 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// The compressed hierarchical ring (see hierarchical_allreduce_linear); two real levels only.
 template <class T, class C>
 ring_stats hierarchical_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
-  using seg = ring_segmentation<std::remove_const_t<C>>;
   constexpr const char* who = "hierarchical_allreduce_linear";
   const auto started = ring_clock::now();
   ring_stats st;
   schedule_check_tags(o, who);
   const int n = static_cast<int>(t.size()), rank = static_cast<int>(t.rank()), g = o.group_size;
   const int groups = n / g, group = rank / g, local = rank % g;
-  ring_check_summands(codec, n, who);
-  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);  // a max: exact in any policy
-  linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), n), data.size(), n, who),
-                          o, st, who);
+  auto blk = make_linear_blocks(t, codec, data, n, o, st, who);
   auto& mail = blk.mail();
   const int tag = o.tag_base, tag2 = o.tag_base + 1;  // intra- and inter-group peers differ: they never mix
   const ring_schedule intra(local, g, 0), inter(group, groups, 0);

@@ -483,6 +483,21 @@ class linear_blocks {
   }
 };
 
+/// What every compressed schedule does first: the codec's summands checked
+/// against N, an AgreedScaleCodec's scales agreed (a max ring: exact in any
+/// policy), and the vector cut into `parts` blocks on the codec's boundaries
+/// (ring_segmentation<C>::bounds, checked).
+template <class T, class C>
+linear_blocks<T, C> make_linear_blocks(T& t, C& codec, std::span<float> data, int parts, const schedule_options& o,
+                                       ring_stats& st, const char* who) {
+  using seg = ring_segmentation<std::remove_const_t<C>>;
+  ring_check_summands(codec, static_cast<int>(t.size()), who);
+  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);
+  return linear_blocks<T, C>(t, codec, data,
+                             ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), parts), data.size(), parts, who),
+                             o, st, who);
+}
+
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 }  // namespace gradcomp

@@ -41,17 +41,13 @@ GRADCOMP_ABI_NAMESPACE_BEGIN
 /// Rabenseifner in the compressed domain (see rabenseifner_allreduce_linear).
 template <class T, class C>
 ring_stats rabenseifner_linear_impl(T& t, C& codec, std::span<float> data, const schedule_options& o) {
-  using seg = ring_segmentation<std::remove_const_t<C>>;
   constexpr const char* who = "rabenseifner_allreduce_linear";
   const auto started = ring_clock::now();
   ring_stats st;
   schedule_check_tags(o, who);
   const rabenseifner_schedule rs(static_cast<int>(t.rank()), static_cast<int>(t.size()));
   const int n = rs.size(), p = rs.blocks(), self = rs.rank();
-  ring_check_summands(codec, n, who);
-  ring_agree_scales<execution::seq>(t, codec, std::span<const float>(data), schedule_ring_options(o), st);  // a max: exact in any policy
-  linear_blocks<T, C> blk(t, codec, data, ring_checked_bounds(seg::bounds(std::as_const(codec), data.size(), p), data.size(), p, who),
-                          o, st, who);
+  auto blk = make_linear_blocks(t, codec, data, p, o, st, who);
   // Folded pairs and a single rank encode everything now; the others encode
   // the half they give away first and the half they keep while it travels.
   if (n == 1 || rs.folded_out() || rs.folds_in()) blk.encode(0, p);
