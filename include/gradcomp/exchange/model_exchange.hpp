@@ -31,7 +31,6 @@ struct exchange_options {
   int tag_base = tags::exchange.first;
 };
 
-/// Statistics of one step: the bucket layer's report plus the wire.
 /// One round of a step, as its collectives ran it.
 struct round_record {
   std::size_t bucket = 0;  ///< the plan's bucket the round belongs to
@@ -43,6 +42,7 @@ struct round_record {
   std::string schedule;
 };
 
+/// Statistics of one step: the bucket layer's report plus the wire.
 struct step_stats : step_report {
   wire_counters wire;
   /// Every round of the step in order (step_report::rounds of them), with
