@@ -38,7 +38,7 @@ struct wire_counters {
   /// The schedule of the last round, as its collectives name it ("ring",
   /// "rabenseifner", ... as gradcomp::to_string(schedule_kind); "all_gather"
   /// for an all-gather or an all-gather-then-max); nullptr: not reported.
-  /// model_exchange records it per round (step_stats::rounds).
+  /// model_exchange records it per round (step_stats::round_log).
   const char* schedule = nullptr;
 };
 

@@ -221,6 +221,17 @@ void ring_agree_scales(T& t, C& codec, std::span<const float> data, const ring_o
   }
 }
 
+/// FNV-1a over 64-bit values, a byte at a time: the digest of message sizes
+/// two ranks swap before receiving into buffers sized by their own idea of
+/// each other's payloads (ring_allreduce_linear's exact receives,
+/// linear_blocks::sizes_digest of the compressed schedules).
+struct size_digest {
+  std::uint64_t value = 14695981039346656037ull;
+  void mix(std::uint64_t x) noexcept {
+    for (int i = 0; i < 8; ++i) value = (value ^ ((x >> (8 * i)) & 0xFFu)) * 1099511628211ull;
+  }
+};
+
 /// A receive of exactly `buffer.size()` bytes posted straight into a buffer
 /// of its own (irecv_into): Algorithm 1's messages over a zero-copy
 /// transport when the codec knows its payload sizes (KnowsBodySize). Every
@@ -321,14 +332,13 @@ ring_stats ring_linear_impl(T& t, C& codec, std::span<float> data, const ring_op
     }
   };
   if constexpr (exact) {
-    std::uint64_t mine = 14695981039346656037ull, theirs = 0;  // FNV-1a over N, the length and every chunk's bytes
-    auto mix = [&](std::uint64_t x) {
-      for (int i = 0; i < 8; ++i) mine = (mine ^ ((x >> (8 * i)) & 0xFFu)) * 1099511628211ull;
-    };
-    mix(std::uint64_t(n));
-    mix(std::uint64_t(data.size()));
+    size_digest d;  // N, the length and every chunk's bytes
+    d.mix(std::uint64_t(n));
+    d.mix(std::uint64_t(data.size()));
     for (int k = 0; k < n; ++k)
-      for (std::size_t c = 0; c < plan.count(k); ++c) mix(std::uint64_t(exact_bytes(k, c)));
+      for (std::size_t c = 0; c < plan.count(k); ++c) d.mix(std::uint64_t(exact_bytes(k, c)));
+    const std::uint64_t mine = d.value;
+    std::uint64_t theirs = 0;
     auto in = t.irecv_into(ring.prev(), tag_rs, std::as_writable_bytes(std::span<std::uint64_t>(&theirs, 1)));
     auto out = t.isend_view(ring.next(), tag_rs, std::as_bytes(std::span<const std::uint64_t>(&mine, 1)));
     st.bytes_sent += sizeof mine;

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -118,10 +117,6 @@ inline double cost_hop(const link_cost& l, double bytes, double adds, const cost
   return l.latency_s + std::max(wire, add) + std::min(wire, add) / k + cost_messages(k, m);
 }
 
-inline int cost_pof2(int n) noexcept {
-  return n > 1 ? static_cast<int>(std::bit_floor(static_cast<unsigned>(n))) : 1;
-}
-
 GRADCOMP_ABI_NAMESPACE_END
 }  // namespace detail
 
@@ -161,7 +156,7 @@ inline double predict_seconds(const cost_model& m, schedule_kind kind, const cos
       return hops(m.inter, n - 1, s, true, piped) + hops(m.inter, n - 1, s, false, piped) + codec;
     }
     case schedule_kind::rabenseifner: {
-      const int q = detail::cost_pof2(n);
+      const int q = detail::schedule_pof2(n);
       const bool piped = !p.compressed;
       double t = codec;
       if (q != n)

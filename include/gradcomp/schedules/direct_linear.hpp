@@ -14,13 +14,9 @@
 #include <cstddef>
 #include <span>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/errors.hpp>
-#include <gradcomp/execution.hpp>
-#include <gradcomp/ring/linear.hpp>
 #include <gradcomp/ring/stats.hpp>
 #include <gradcomp/schedules/linear_blocks.hpp>
 #include <gradcomp/schedules/options.hpp>

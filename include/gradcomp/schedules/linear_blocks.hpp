@@ -440,21 +440,15 @@ class linear_blocks {
                  seg::body_size(codec_, b_[std::size_t(j)], b_[std::size_t(j) + 1] - b_[std::size_t(j)]);
     return bytes;
   }
-  /// FNV-1a over the block count, the vector's length and every block's
+  /// size_digest over the block count, the vector's length and every block's
   /// packed bytes (what exact receives are sized by): equal on two ranks
   /// that size each other's messages alike.
   std::uint64_t sizes_digest() const {
-    std::uint64_t h = 14695981039346656037ull;
-    auto mix = [&](std::uint64_t x) {
-      for (int i = 0; i < 8; ++i) {
-        h ^= (x >> (8 * i)) & 0xFFu;
-        h *= 1099511628211ull;
-      }
-    };
-    mix(std::uint64_t(blocks()));
-    mix(std::uint64_t(data_.size()));
-    for (int j = 0; j < blocks(); ++j) mix(std::uint64_t(packed_bytes(j, j + 1)));
-    return h;
+    size_digest d;
+    d.mix(std::uint64_t(blocks()));
+    d.mix(std::uint64_t(data_.size()));
+    for (int j = 0; j < blocks(); ++j) d.mix(std::uint64_t(packed_bytes(j, j + 1)));
+    return d.value;
   }
 
  private:

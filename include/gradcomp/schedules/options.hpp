@@ -220,6 +220,11 @@ inline std::vector<int> schedule_allgather_radices(int p, int radix) {
   return out;
 }
 
+/// The largest power of two <= n (1 for n <= 1): Rabenseifner's block count p.
+inline int schedule_pof2(int n) noexcept {
+  return n > 1 ? static_cast<int>(std::bit_floor(static_cast<unsigned>(n))) : 1;
+}
+
 /// The most chunks of one peer's range at an all-gather step of radix r
 /// (schedule_options::max_chunks shared by the step's r - 1 peers, at least
 /// one each; 0: no cap). Radix 2 keeps max_chunks.

@@ -45,7 +45,7 @@ class rabenseifner_schedule {
   rabenseifner_schedule(int rank, int size) : rank_(rank), size_(size) {
     if (size < 1) throw invalid_argument_error("rabenseifner_schedule: size must be >= 1");
     if (rank < 0 || rank >= size) throw invalid_argument_error("rabenseifner_schedule: rank outside [0, size)");
-    pof2_ = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
+    pof2_ = detail::schedule_pof2(size);
     rem_ = size - pof2_;
   }
   int rank() const noexcept { return rank_; }
@@ -238,9 +238,9 @@ ring_stats rabenseifner_impl(T& t, std::span<float> data, const schedule_options
     if (o.average) schedule_average(range(v, v + 1), rs.size());
     // The all-gather, in the steps of allgather_radices: at each, send the
     // blocks held to the other members of the group and receive theirs.
-    // Fewer steps pay
-    // fewer latencies (SimGrid SMPI charges a message of 64 KB or more 11.64
-    // times its route's latency) for more messages per step (r - 1 peers).
+    // Fewer steps pay fewer latencies (SimGrid SMPI charges a message of 64
+    // KB or more 11.64 times its route's latency) for more messages per step
+    // (r - 1 peers).
     // The cap on messages holds per step: each of the r - 1 peers' ranges in
     // at most max(1, max_chunks / (r - 1)) chunks (a copy has no addition to
     // overlap; what chunks cost is CPU per message, charged under SMPI with
