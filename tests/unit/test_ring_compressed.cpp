@@ -211,12 +211,13 @@ TEST_CASE("linear ring over the zero-copy face: empty segments (length below N) 
 }
 
 TEST_CASE("linear ring over the zero-copy face: another length or payload size is a transport_error before any payload") {
-  SUBCASE("ranks disagree on the length (dense_codec)") {
+  // Runs `codec_of(rank)` on `input_of(rank)` over two ranks' zero-copy faces; both must report the digest mismatch.
+  auto check_both_refuse = [](auto codec_of, auto input_of) {
     std::vector<std::string> errors(2);
     run_workers(2, [&](inproc_endpoint& ep) {
       auto z = ep.zero_copy();
-      vec x(ep.rank() == 1 ? 14 : 12, 1.0f);
-      dense_codec<> c;
+      auto c = codec_of(ep.rank());
+      vec x = input_of(ep.rank());
       try {
         gradcomp::ring_allreduce_linear(z, c, x);
       } catch (const gradcomp::transport_error& e) {
@@ -224,23 +225,15 @@ TEST_CASE("linear ring over the zero-copy face: another length or payload size i
       }
     }, {.recv_timeout = 30s});
     for (const auto& e : errors) CHECK(e.find("disagree on the sizes") != std::string::npos);
+  };
+  SUBCASE("ranks disagree on the length (dense_codec)") {
+    check_both_refuse([](int) { return dense_codec<>{}; }, [](int r) { return vec(r == 1 ? 14 : 12, 1.0f); });
   }
   SUBCASE("GradiVeQ bases of another dimension") {
     const low_rank_layer two(16, 2, 16 * 8, 41), five(16, 5, 16 * 8, 42);
     const auto a = fitted_codec(two, 2), b = fitted_codec(five, 2);
     REQUIRE(a.segment_body_size(0, 16 * 4) != b.segment_body_size(0, 16 * 4));
-    std::vector<std::string> errors(2);
-    run_workers(2, [&](inproc_endpoint& ep) {
-      auto z = ep.zero_copy();
-      auto c = ep.rank() == 0 ? a : b;
-      vec x = two.sample(3 + std::uint64_t(ep.rank()));
-      try {
-        gradcomp::ring_allreduce_linear(z, c, x);
-      } catch (const gradcomp::transport_error& e) {
-        errors[std::size_t(ep.rank())] = e.what();
-      }
-    }, {.recv_timeout = 30s});
-    for (const auto& e : errors) CHECK(e.find("disagree on the sizes") != std::string::npos);
+    check_both_refuse([&](int r) { return r == 0 ? a : b; }, [&](int r) { return two.sample(3 + std::uint64_t(r)); });
   }
 }
 
